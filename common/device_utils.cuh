@@ -1,0 +1,76 @@
+// device_utils.cuh: small device-side building blocks shared by replay's kernels: ceil_div, 16-byte
+// vector packs of bf16/fp32, and deterministic warp and block reductions (fixed order, no atomics).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace replay {
+
+template <typename T>
+__host__ __device__ constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
+// Sixteen bytes of T, loaded and stored with one 128-bit access. Pointers must be 16-byte aligned.
+template <typename T>
+struct alignas(16) Pack128 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+
+  __device__ __forceinline__ static Pack128 load(const T* p) {
+    Pack128 r;
+    *reinterpret_cast<int4*>(r.v) = *reinterpret_cast<const int4*>(p);
+    return r;
+  }
+  // Streaming load that does not allocate in L1 (read-once data).
+  __device__ __forceinline__ static Pack128 load_cs(const T* p) {
+    Pack128 r;
+    *reinterpret_cast<int4*>(r.v) = __ldcs(reinterpret_cast<const int4*>(p));
+    return r;
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(v);
+  }
+};
+
+using PackBF16 = Pack128<__nv_bfloat16>;  // 8 values
+using PackF32 = Pack128<float>;           // 4 values
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_reduce_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block in a fixed order; every thread receives the result. `scratch` holds 32 floats.
+// blockDim.x must be a multiple of 32.
+__device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_reduce_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_reduce_sum(v);
+}
+
+__device__ __forceinline__ float block_reduce_max(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_reduce_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_reduce_max(v);
+}
+
+}  // namespace replay
