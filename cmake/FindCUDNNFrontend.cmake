@@ -39,6 +39,9 @@ if(CUDNNFrontend_FOUND AND NOT TARGET CUDNN::frontend)
   set_target_properties(CUDNN::frontend PROPERTIES
     INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${CUDNNFrontend_INCLUDE_DIR}"
     INTERFACE_INCLUDE_DIRECTORIES "${CUDNNFrontend_INCLUDE_DIR}")
+  # Every translation unit that includes the frontend must agree on this (it changes class layouts);
+  # replay does not use the frontend's JSON serialisation, and skipping it halves compile time.
+  set_target_properties(CUDNN::frontend PROPERTIES INTERFACE_COMPILE_DEFINITIONS CUDNN_FRONTEND_SKIP_JSON_LIB)
   target_link_libraries(CUDNN::frontend INTERFACE CUDNN::cudnn CUDA::cudart)
 endif()
 mark_as_advanced(CUDNNFrontend_INCLUDE_DIR)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,10 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t n) : n_(n) {
     if (cudaMalloc(&ptr_, n * sizeof(T) + 16) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    cudaMemset(ptr_, 0xFF, n * sizeof(T) + 16);
+    // Synchronous set-up: the memset runs on the legacy stream, which replay's non-blocking streams
+    // do not wait for, so wait here before anything else touches the buffer.
+    if (cudaMemset(ptr_, 0xFF, n * sizeof(T) + 16) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+      throw std::runtime_error("cudaMemset");
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
   ~DeviceBuffer() { cudaFree(ptr_); }
@@ -58,7 +62,9 @@ class DeviceBuffer {
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
   void upload(const std::vector<T>& host) {
-    if (cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess)
+    // A pageable cudaMemcpy may return before its DMA lands: wait, as above.
+    if (cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
       throw std::runtime_error("cudaMemcpy H2D");
   }
   std::vector<T> download() const {

@@ -1,0 +1,108 @@
+// batch_stream.h: streaming batches from a token file into the step's static input buffers. A
+// prefetch thread reads batches in a deterministic order into a ring of pinned host buffers; next()
+// issues the asynchronous copies (inputs = tokens[:, :-1], targets = tokens[:, 1:]) outside any
+// captured region.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/data/token_file.h"
+
+namespace replay::data {
+
+// The order in which batches visit rows. Epoch e holds floor(N / micro_batch) batches; in
+// sequential order batch i of an epoch is rows [i * mb, (i + 1) * mb), in shuffled order it is
+// entries [i * mb, (i + 1) * mb) of a permutation of all N rows drawn from (seed, e). The N mod mb
+// rows left over are skipped in that epoch. After the last batch of an epoch the next epoch begins:
+// the order wraps around for as many steps as a run takes. A pure function of (N, mb, shuffle,
+// seed, index).
+class BatchOrder {
+ public:
+  BatchOrder(int64_t num_sequences, int64_t micro_batch, bool shuffle, uint64_t seed);
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  // The micro_batch rows of global batch `index` (epoch index / batches_per_epoch()).
+  void rows(int64_t index, int64_t* out);
+
+ private:
+  int64_t num_sequences_, micro_batch_, batches_per_epoch_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t perm_epoch_ = -1;  // the epoch perm_ was drawn for
+  std::vector<int64_t> perm_;
+};
+
+struct StreamOptions {
+  bool shuffle = true;
+  uint64_t seed = 0;
+  int ring_slots = 4;  // batches read ahead
+  // Plain host buffers and a synchronous memcpy into host destinations in next(), with no CUDA call
+  // at all: the ring's logic, testable without a GPU. Workloads leave it false.
+  bool host_only = false;
+};
+
+class BatchStream {
+ public:
+  // Takes the validated file. Allocates the ring (pinned host buffers and one event per slot unless
+  // host_only) on the current device and starts the prefetch thread. Construct before any capture.
+  BatchStream(TokenFile file, const StreamOptions& options);
+  // Stops and joins the prefetch thread, waits for the last copies, frees the ring.
+  ~BatchStream();
+  BatchStream(const BatchStream&) = delete;
+  BatchStream& operator=(const BatchStream&) = delete;
+
+  // Copies the next batch into the step's static buffers, each [micro_batch, seq_len] int32:
+  // dst_tokens = tokens[:, :-1], dst_targets = tokens[:, 1:]. Device pointers: two asynchronous 2-D
+  // copies on `stream` and an event recorded for the slot; it returns at once unless the prefetch
+  // thread is behind (a stall: it waits and counts it). Must run outside any captured region. A
+  // read error on the prefetch thread is rethrown here, at the batch that failed.
+  void next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_targets);
+
+  const TokenFileInfo& info() const { return file_.info(); }
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t delivered() const;     // batches handed out by next()
+  int64_t stalls() const;        // next() calls that had to wait for the prefetch thread
+  double stall_seconds() const;  // the time they waited
+
+ private:
+  struct PinnedFree {
+    void operator()(int32_t* p) const { cudaFreeHost(p); }
+  };
+  struct EventDestroy {
+    void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
+  };
+  struct Slot {
+    std::vector<int32_t> host;                         // host_only
+    std::unique_ptr<int32_t, PinnedFree> pinned;       // otherwise
+    std::unique_ptr<CUevent_st, EventDestroy> copied;  // recorded after the slot's copies
+    int32_t* data = nullptr;
+  };
+
+  void prefetch_loop();
+
+  TokenFile file_;  // read only by the prefetch thread once it runs
+  StreamOptions options_;
+  int64_t micro_batch_, seq_len_, batches_per_epoch_;
+  int device_ = -1;
+  std::vector<Slot> slots_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  int64_t produced_ = 0;  // batches [0, produced_) are in the ring or delivered
+  int64_t consumed_ = 0;  // batches [0, consumed_) have had their copies issued
+  int64_t stalls_ = 0;
+  std::chrono::steady_clock::duration stall_time_{};
+  bool stop_ = false;
+  std::exception_ptr error_;  // the prefetch thread's failure at batch produced_
+  std::thread thread_;
+};
+
+}  // namespace replay::data

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bench.sh: run replay's suite on the local GPU, building first, and write reports/<gpu>/<date>/.
+#
+#   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch]
+#
+#   --quick       fewer repeats (a smoke run of a few minutes)
+#   --out DIR     where to write (default reports/<gpu>/<date>)
+#   --no-build    use the binaries already in the build folder
+#   --no-pytorch  skip the PyTorch baselines even when torch is importable
+#
+# Environment: REPLAY_BUILD_DIR (default build/release), REPLAY_SKIP_SETUP=1 (no installs: the GPU
+# machine). Writes one JSON per run (schemas in reports/SCHEMA.md), the logs, summary.md and plots.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+out=""
+build=1
+pytorch=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --out) out="$2"; shift ;;
+    --no-build) build=0 ;;
+    --no-pytorch) pytorch=0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+build_dir=${REPLAY_BUILD_DIR:-build/release}
+bin="$build_dir/bin"
+
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 \
+  || { echo "bench.sh: no NVIDIA GPU visible (nvidia-smi -L failed): the suite needs a Hopper GPU" >&2; exit 1; }
+
+if [ "$build" = 1 ]; then
+  [ "${REPLAY_SKIP_SETUP:-0}" = 1 ] || scripts/setup.sh
+  mkdir -p "$build_dir"
+  if [ ! -f "$build_dir/build.ninja" ]; then
+    cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -Wno-dev >"$build_dir/configure.log" 2>&1 \
+      || { cat "$build_dir/configure.log"; exit 1; }
+  fi
+  cmake --build "$build_dir" -j "$(nproc)"
+fi
+
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+gpu_tag=$(echo "$gpu_name" | tr '[:upper:]' '[:lower:]' | grep -oE 'gh200|h200|h100|h800|b200|gb200|a100' | head -n 1)
+[ -n "$gpu_tag" ] || gpu_tag=$(echo "$gpu_name" | tr '[:upper:] ' '[:lower:]-')
+[ -n "$out" ] || out="reports/$gpu_tag/$(date +%Y-%m-%d)"
+mkdir -p "$out"
+echo "bench.sh: $gpu_name -> $out"
+echo "scripts/bench.sh $([ $quick = 1 ] && echo --quick) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ))" >"$out/COMMAND"
+
+repeats=50; warmup=10
+[ "$quick" = 1 ] && { repeats=10; warmup=3; }
+
+run() {  # run NAME CMD...: output to the terminal and to $out/NAME.log; a failure is reported, not fatal
+  local name=$1; shift
+  echo "bench.sh: $name: $*"
+  if "$@" 2>&1 | tee "$out/$name.log"; then return 0; fi
+  echo "bench.sh: $name FAILED (log: $out/$name.log)" >&2
+  failures+=("$name")
+}
+failures=()
+
+run replay_ops "$bin/replay-ops" --warmup "$warmup" --repeats "$repeats" --json "$out/replay_ops.json"
+have_torch=0
+if [ "$pytorch" = 1 ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  have_torch=1
+  PYTHONUNBUFFERED=1 run pytorch_ops python3 scripts/pytorch_baseline.py ops --warmup "$warmup" \
+    --repeats "$repeats" --json "$out/pytorch_ops.json"
+else
+  echo "bench.sh: PyTorch with CUDA not importable: baselines skipped"
+fi
+if [ -x "$bin/replay-graphs-bench" ]; then
+  run graphs_bench "$bin/replay-graphs-bench" --json "$out/graphs_bench.json" \
+    $([ "$quick" = 1 ] && echo "--repeats 5")
+fi
+
+# Reports: per-section markdown and plots, then one summary.md.
+{
+  echo "# replay suite on $gpu_name"
+  echo
+  echo "Command: \`$(cat "$out/COMMAND")\`"
+  echo
+} >"$out/summary.md"
+if [ -f "$out/replay_ops.json" ]; then
+  args=(ops --replay "$out/replay_ops.json" --out "$out")
+  [ "$have_torch" = 1 ] && [ -f "$out/pytorch_ops.json" ] && args+=(--pytorch "$out/pytorch_ops.json")
+  python3 scripts/report.py "${args[@]}" && cat "$out/ops_summary.md" >>"$out/summary.md"
+fi
+if [ -f "$out/graphs_bench.json" ]; then
+  python3 scripts/report.py graphs --json "$out/graphs_bench.json" --out "$out" \
+    && cat "$out/graphs_summary.md" >>"$out/summary.md"
+fi
+echo "bench.sh: wrote $out/summary.md"
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "bench.sh: failed: ${failures[*]}" >&2
+  exit 1
+fi

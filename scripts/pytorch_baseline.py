@@ -1,0 +1,977 @@
+#!/usr/bin/env python3
+"""pytorch_baseline.py: runs with PyTorch what replay's benchmarks run, under the same names, shapes and
+FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two side by side.
+
+    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--only REGEX]
+    python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
+        [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--data tokens.h5]
+
+Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` trains the
+GPT-3 175B shard that replay-gpt3 trains (one GPU's slice of the tensor-parallel layout, collectives not
+run), eagerly or as one torch.cuda.graph over the whole step, and reports step time, throughput, MFU,
+peak memory and the losses.
+
+torch is imported inside the functions that need it, so the tables and formulas here can be imported and
+tested on a machine without torch.
+"""
+
+import argparse
+import json
+import math
+import numbers
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import time
+import warnings
+
+# ---------------------------------------------------------------------------------------------------------
+# Shapes and formulas (reports/SCHEMA.md; reference/workloads.md for where they come from)
+# ---------------------------------------------------------------------------------------------------------
+
+# Per shard: tokens per micro-batch (M), the linear layers as (name, N, K) with W stored [N, K], and the
+# attention shape.
+SHARDS = {
+    "gpt3_175b_tp4": {
+        "tokens": 2048,
+        "linears": [("qkv", 9216, 12288), ("proj", 12288, 3072), ("fc1", 12288, 12288),
+                    ("fc2", 12288, 12288)],
+        "attention": {"batch": 1, "q_heads": 24, "kv_heads": 24, "seq": 2048, "head_dim": 128},
+    },
+    "llama31_405b_tp8": {
+        "tokens": 8192,
+        "linears": [("qkv", 2304, 16384), ("proj", 16384, 2048), ("fc1", 13312, 16384),
+                    ("fc2", 16384, 6656)],
+        "attention": {"batch": 1, "q_heads": 16, "kv_heads": 1, "seq": 8192, "head_dim": 128},
+    },
+}
+
+GEMM_DIRECTIONS = ("fwd", "dgrad", "wgrad")
+ATTENTION_DIRECTIONS = ("fwd", "fwd_bwd")
+# SDPA backends timed explicitly for the forward+backward, besides the default selection: name suffix
+# -> torch.nn.attention.SDPBackend member.
+ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+PEAK_GEMM_SIZE = 8192
+PEAK_COPY_BYTES = 2 << 30  # the copied buffer; the bandwidth counts it read once and written once
+
+
+def gemm_shape(direction, M, N, K):
+    """GEMM shape {m, n, k} of one direction of a linear layer Y[M,N] = X[M,K] W^T, W stored [N,K]."""
+    if direction == "fwd":    # Y[M,N] = X[M,K] W^T
+        return {"m": M, "n": N, "k": K}
+    if direction == "dgrad":  # dX[M,K] = dY[M,N] W
+        return {"m": M, "n": K, "k": N}
+    if direction == "wgrad":  # dW[N,K] = dY^T X
+        return {"m": N, "n": K, "k": M}
+    raise ValueError(f"unknown GEMM direction {direction!r}")
+
+
+def gemm_flops(shape):
+    return 2.0 * shape["m"] * shape["n"] * shape["k"]
+
+
+def attention_flops(shape, direction):
+    """Causal attention: QK^T and PV are 2*S^2*D each per head, halved by the mask; the backward does five
+    matrix products to the forward's two, so forward+backward is 3.5x the forward."""
+    fwd = 4.0 * shape["batch"] * shape["q_heads"] * shape["seq"] ** 2 * shape["head_dim"] / 2
+    if direction == "fwd":
+        return fwd
+    if direction == "fwd_bwd":
+        return 3.5 * fwd
+    raise ValueError(f"unknown attention direction {direction!r}")
+
+
+def op_specs(only=None):
+    """Every op `ops` times, in order, as dicts {name, kind, shard, layer, direction, shape, flops,
+    backend}; GEMMs also carry their layer's dims (M, N, K); backend is None for the default SDPA
+    selection. `only` is a compiled regex matched (search) against the names."""
+    specs = []
+    for shard, cfg in SHARDS.items():
+        M = cfg["tokens"]
+        for layer, N, K in cfg["linears"]:
+            for direction in GEMM_DIRECTIONS:
+                shape = gemm_shape(direction, M, N, K)
+                specs.append({"name": f"{shard}.{layer}.{direction}", "kind": "gemm", "shard": shard,
+                              "layer": layer, "direction": direction, "dims": (M, N, K), "shape": shape,
+                              "flops": gemm_flops(shape), "backend": None})
+        shape = dict(cfg["attention"])
+        variants = [(d, None) for d in ATTENTION_DIRECTIONS] + [("fwd_bwd", b) for b in ATTENTION_BACKENDS]
+        for direction, backend in variants:
+            name = f"{shard}.attention.{direction}" + (f"@{backend}" if backend else "")
+            specs.append({"name": name, "kind": "attention", "shard": shard, "layer": "attention",
+                          "direction": direction, "shape": shape,
+                          "flops": attention_flops(shape, direction), "backend": backend})
+    if only is not None:
+        specs = [s for s in specs if only.search(s["name"])]
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Statistics and JSON entries (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+def percentile(values, q):
+    """q-th percentile (0..100) with linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(times_ms):
+    return {"median_ms": percentile(times_ms, 50), "p10_ms": percentile(times_ms, 10),
+            "p90_ms": percentile(times_ms, 90)}
+
+
+def make_result(spec, times_ms, peak_tflops, note=None, backend_used=None):
+    """One `results` entry. times_ms None means not measured: times and rates are null, `note` says why."""
+    entry = {"name": spec["name"], "kind": spec["kind"], "shape": dict(spec["shape"]), "dtype": "bf16"}
+    if times_ms:
+        entry.update(summarize(times_ms))
+    else:
+        entry.update({"median_ms": None, "p10_ms": None, "p90_ms": None})
+    flops = spec["flops"]
+    tflops = flops / (entry["median_ms"] * 1e-3) / 1e12 if entry["median_ms"] else None
+    entry.update({"flops": flops, "bytes": None, "tflops": tflops, "gbps": None,
+                  "fraction_of_peak": tflops / peak_tflops if tflops and peak_tflops else None})
+    if spec["kind"] == "attention":
+        entry["backend"] = backend_used
+    if note:
+        entry["note"] = note
+    return entry
+
+
+def write_json(path, doc):
+    """Writes through a temporary file and a rename, so a failed run never leaves half a JSON."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2, allow_nan=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def progress(msg):
+    print(msg, flush=True)
+
+
+class BaselineError(Exception):
+    """An error the user can act on: printed as one line, exit code 2."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPT-3 shard: shapes, parameter counts, FLOPs, default layers, schedule, data order (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+# Whole-model shapes per preset (reference/workloads.md). tp is the tensor-parallel degree whose one GPU's
+# slice is run; model_layers caps --layers. tiny is the test preset: seconds on a GPU.
+GPT3_PRESETS = {
+    "tiny": {"hidden": 256, "heads": 4, "head_dim": 64, "ffn": 1024, "seq": 128, "micro_batch": 1,
+             "data_vocab": 512, "tp": 1, "model_layers": 2},
+    "175b-tp4": {"hidden": 12288, "heads": 96, "head_dim": 128, "ffn": 49152, "seq": 2048, "micro_batch": 1,
+                 "data_vocab": 50257, "tp": 4, "model_layers": 96},
+    "175b-tp8": {"hidden": 12288, "heads": 96, "head_dim": 128, "ffn": 49152, "seq": 2048, "micro_batch": 1,
+                 "data_vocab": 50257, "tp": 8, "model_layers": 96},
+}
+
+# The vocabulary is padded to a multiple of this (50257 -> 50304) and split evenly over the TP ranks.
+VOCAB_PAD_MULTIPLE = 128
+
+# Bytes of training state per parameter that the default layer count budgets for, as replay counts them:
+# fp32 master (4), bf16 parameter (2), fp32 gradient (4), Adam m and v (4 + 4). PyTorch's autograd also
+# makes a bf16 gradient per parameter; the baseline frees each one as soon as it is copied to its fp32
+# master gradient (a post-accumulate-grad hook), so it holds 18 bytes per parameter plus one bf16
+# gradient at a time, like replay.
+STATE_BYTES_PER_PARAM = 18
+# What the training state may take of an 80 GB H100 (80 GiB): three quarters; the rest is left for
+# activations, logits, library workspaces and the allocator's slack. 175b-tp4 -> 7 layers, 175b-tp8 -> 15.
+STATE_BUDGET_BYTES = 60 * 2**30
+
+# MLPerf GPT-3 optimizer (reference/workloads.md): Adam with decoupled weight decay (not applied to biases
+# and LayerNorm parameters, as in the Megatron reference), LR 2e-5 down to 2e-6, warm-up 265 steps and
+# cosine decay to step 108600 (the reference's 407040 warm-up and 166809600 decay samples at batch 1536).
+GPT3_OPTIMIZER = {"lr": 2e-5, "min_lr": 2e-6, "warmup_steps": 265, "decay_steps": 108600,
+                  "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "clip_norm": 1.0}
+
+GPT3_FLOPS_FORMULA = ("6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's parameters, "
+                      "d = this shard's attention width, heads x head_dim)")
+HASH_METHOD = ("loss_hash: FNV-1a 64 over the little-endian float32 bits of every loss in order; "
+               "weights_hash: first 16 hex digits of SHA-256 over the final bf16 parameters' bytes in "
+               "module order")
+
+
+def padded_vocab(vocab, multiple=VOCAB_PAD_MULTIPLE):
+    return -(-vocab // multiple) * multiple
+
+
+def gpt3_config(preset):
+    """One GPU's shard of the preset: per-GPU heads and FFN width, padded vocabulary and this GPU's vocab
+    shard (the shard's logits, the embedding rows it holds)."""
+    if preset not in GPT3_PRESETS:
+        raise ValueError(f"unknown gpt3 preset {preset!r}; choose one of {', '.join(GPT3_PRESETS)}")
+    p = GPT3_PRESETS[preset]
+    tp = p["tp"]
+    vocab = padded_vocab(p["data_vocab"])
+    for what, n in (("heads", p["heads"]), ("ffn", p["ffn"]), ("padded vocabulary", vocab)):
+        if n % tp:
+            raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")
+    return {"hidden": p["hidden"], "heads": p["heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp,
+            "seq": p["seq"], "micro_batch": p["micro_batch"], "microbatches": 1, "vocab": vocab,
+            "vocab_shard": vocab // tp, "data_vocab": p["data_vocab"], "tp": tp,
+            "model_layers": p["model_layers"]}
+
+
+def gpt3_layer_params(cfg):
+    """Parameters of one transformer layer on this GPU: LayerNorm, QKV (with bias), output projection,
+    LayerNorm, FC1, FC2 (with biases). Row-parallel biases and LayerNorms are replicated on every rank,
+    so each shard holds them whole."""
+    h, a, f = cfg["hidden"], cfg["heads"] * cfg["head_dim"], cfg["ffn"]
+    ln = 2 * h
+    qkv = h * 3 * a + 3 * a
+    proj = a * h + h
+    fc1 = h * f + f
+    fc2 = f * h + h
+    return ln + qkv + proj + ln + fc1 + fc2
+
+
+def gpt3_embedding_params(cfg):
+    """Token embedding shard (tied with the LM head), learned positions, final LayerNorm."""
+    h = cfg["hidden"]
+    return cfg["vocab_shard"] * h + cfg["seq"] * h + 2 * h
+
+
+def gpt3_params(cfg, layers):
+    return layers * gpt3_layer_params(cfg) + gpt3_embedding_params(cfg)
+
+
+def gpt3_flops_per_step(cfg, layers):
+    """Model FLOPs of one training step on this GPU (GPT3_FLOPS_FORMULA): 6N per token for the matrix
+    products forward and backward, plus 12*L*s*d per token for the attention scores and their product
+    with V (no discount for the causal mask)."""
+    tokens = cfg["micro_batch"] * cfg["microbatches"] * cfg["seq"]
+    d = cfg["heads"] * cfg["head_dim"]
+    return 6.0 * gpt3_params(cfg, layers) * tokens + 12.0 * layers * cfg["seq"] * d * tokens
+
+
+def default_layers(cfg, budget_bytes=STATE_BUDGET_BYTES, bytes_per_param=STATE_BYTES_PER_PARAM):
+    """As many layers as fit the training-state budget (at least 1, at most the model's layers)."""
+    free = budget_bytes - bytes_per_param * gpt3_embedding_params(cfg)
+    fit = int(free // (bytes_per_param * gpt3_layer_params(cfg)))
+    return max(1, min(cfg["model_layers"], fit))
+
+
+def lr_at(step, opt=GPT3_OPTIMIZER):
+    """Learning rate of 0-based step `step`: linear warm-up to opt['lr'] over warmup_steps (the first step
+    takes lr/warmup_steps), then cosine down to min_lr at decay_steps, flat after. The training step
+    computes the same on the device from its step counter."""
+    lr, lo, w, d = opt["lr"], opt["min_lr"], opt["warmup_steps"], opt["decay_steps"]
+    if step < w:
+        return lr * (step + 1) / w
+    progress = min(max((step - w) / (d - w), 0.0), 1.0)
+    return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * progress))
+
+
+def sequential_batches(num_sequences, micro_batch, count):
+    """Rows of `count` consecutive batches of a token file read in order: batch i of an epoch is rows
+    [i*mb, (i+1)*mb); the num_sequences mod mb rows left over are skipped; then the next epoch begins."""
+    per_epoch = num_sequences // micro_batch
+    if per_epoch == 0:
+        raise ValueError(f"{num_sequences} sequences hold no micro-batch of {micro_batch}")
+    return [list(range((i % per_epoch) * micro_batch, (i % per_epoch + 1) * micro_batch))
+            for i in range(count)]
+
+
+def shard_entropy(data_vocab, vocab_shard):
+    """Loss floor of uniform random tokens over data_vocab mapped into the shard (id mod vocab_shard): the
+    entropy, in nats, of the mapped ids' distribution (some shard ids receive one more source id)."""
+    base, extra = divmod(data_vocab, vocab_shard)
+    h = 0.0
+    for count, n in ((base + 1, extra), (base, vocab_shard - extra)):
+        if count and n:
+            p = count / data_vocab
+            h -= n * p * math.log(p)
+    return h
+
+
+def loss_hash(losses):
+    """FNV-1a 64 over the little-endian float32 bits of each loss, as 16 hex digits."""
+    h = 0xCBF29CE484222325
+    for byte in b"".join(struct.pack("<f", v) for v in losses):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def step_stats(times_ms):
+    return {"median": percentile(times_ms, 50), "p10": percentile(times_ms, 10),
+            "p90": percentile(times_ms, 90), "mean": sum(times_ms) / len(times_ms), "count": len(times_ms)}
+
+
+def gpt3_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured):
+    """The workload-run JSON (reports/SCHEMA.md) from the configuration, the run's settings (graphs,
+    seed, steps, warmup, data, preset) and what was measured (environment, settings, memory, graphs_info,
+    losses, weights_hash, attention_backend, loss_floor, version)."""
+    stats = step_stats(step_ms)
+    seconds = stats["median"] * 1e-3
+    tokens = cfg["micro_batch"] * cfg["microbatches"] * cfg["seq"]
+    flops = gpt3_flops_per_step(cfg, layers)
+    tflops = flops / seconds / 1e12
+    config = {k: cfg[k] for k in ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
+                                  "vocab", "vocab_shard", "tp")}
+    config = {"layers": layers, **config, "dropout": 0.0, "seed": run["seed"], "steps": run["steps"],
+              "warmup": run["warmup"], "precision": "bf16", "data_vocab": cfg["data_vocab"],
+              "data": run["data"], "parameters": gpt3_params(cfg, layers)}
+    losses = measured["losses"]
+    return {
+        "tool": "pytorch",
+        "version": measured["version"],
+        "workload": "gpt3",
+        "preset": run["preset"],
+        "graphs": run["graphs"],
+        "environment": measured["environment"],
+        "settings": measured["settings"],
+        "config": config,
+        "optimizer": dict(GPT3_OPTIMIZER, betas=list(GPT3_OPTIMIZER["betas"]),
+                          implementation="torch.optim.AdamW(fused=True, capturable=True) on fp32 masters, "
+                                         "lr a device tensor; clip_grad_norm_(foreach=True)"),
+        "attention_backend": measured["attention_backend"],
+        "tensor_parallel_collectives": "not run (1 process)",
+        "step_ms": stats,
+        "host_enqueue_us": {"median": percentile(host_us, 50), "p90": percentile(host_us, 90)},
+        "throughput": {"tokens_per_s": tokens / seconds,
+                       "samples_per_s": cfg["micro_batch"] * cfg["microbatches"] / seconds},
+        "model_tflops": tflops,
+        "flops_per_step": flops,
+        "flops_formula": GPT3_FLOPS_FORMULA,
+        "mfu": tflops / peak_tflops if peak_tflops else None,
+        "peaks": {"bf16_gemm_tflops": peak_tflops},
+        "memory": measured["memory"],
+        "graphs_info": measured["graphs_info"],
+        "losses": losses,
+        "loss_hash": loss_hash(losses),
+        "weights_hash": measured["weights_hash"],
+        "hash_method": HASH_METHOD,
+        "loss_floor": measured["loss_floor"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Device side (torch)
+# ---------------------------------------------------------------------------------------------------------
+
+def require_cuda():
+    """Imports torch and checks for a CUDA device; returns torch."""
+    try:
+        import torch
+    except ImportError as e:
+        raise BaselineError(f"PyTorch is not importable ({e}); this baseline needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise BaselineError(f"no CUDA device available to torch {torch.__version__} "
+                            f"(built for CUDA {torch.version.cuda})")
+    return torch
+
+
+class Timer:
+    """Warm-up calls, then `repeats` calls each between its own pair of CUDA events on the current stream;
+    returns the per-call times in ms.
+
+    Before the timed calls a sleep kernel holds the GPU while the host enqueues them all, so host launch
+    gaps (Python, autograd) fall outside the events and the times are GPU time, as replay's C++ tools see
+    it. The sleep is sized from the host time of the warm-up calls after the first (which builds plans)."""
+
+    def __init__(self, warmup, repeats):
+        import torch
+        self.warmup, self.repeats = warmup, repeats
+        self.cycles_per_ms = None
+        if hasattr(torch.cuda, "_sleep"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            cycles = 20_000_000
+            torch.cuda._sleep(cycles // 10)  # first launch loads the kernel
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            self.cycles_per_ms = cycles / start.elapsed_time(end)
+
+    def time(self, fn):
+        import torch
+        torch.cuda.synchronize()
+        host_ms_per_call = 0.0
+        if self.warmup:
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(self.warmup - 1):
+                fn()
+            host_ms_per_call = (time.perf_counter() - t0) * 1e3 / max(self.warmup - 1, 1)
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(self.repeats)]
+        if self.cycles_per_ms:
+            lead_ms = min(1.0 + 1.25 * host_ms_per_call * self.repeats, 2000.0)
+            torch.cuda._sleep(int(lead_ms * self.cycles_per_ms))
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+
+def _libcuda_driver_version():
+    """CUDA driver API version (cuDriverGetVersion, as replay's cuda_driver), or None."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+            return None
+        return f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except OSError:
+        return None
+
+
+def _nvidia_driver_version():
+    """The kernel driver release (one per host), from nvidia-smi, or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def environment():
+    """The environment block, keys as replay's Context::environment() where they mean the same thing."""
+    import platform
+    import torch
+    dev = torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(dev)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    l2 = getattr(p, "L2_cache_size", None)
+    env = {
+        "host": socket.gethostname(),
+        "gpu": p.name,
+        "compute_capability": f"{p.major}.{p.minor}",
+        "sm_count": str(p.multi_processor_count),
+        "memory_gib": f"{p.total_memory / 2**30:.2f}",
+        "l2_mib": str(l2 // 2**20) if l2 else None,
+        "cuda_driver": _libcuda_driver_version(),
+        "nvidia_driver": _nvidia_driver_version(),
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    return env
+
+
+def torch_settings():
+    """The numerics and attention-backend switches the timings ran under (all left at their defaults)."""
+    import torch
+    b = torch.backends
+    settings = {
+        "matmul.allow_bf16_reduced_precision_reduction": b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "matmul.allow_tf32": b.cuda.matmul.allow_tf32,
+        "cudnn.allow_tf32": b.cudnn.allow_tf32,
+        "flash_sdp_enabled": b.cuda.flash_sdp_enabled(),
+        "mem_efficient_sdp_enabled": b.cuda.mem_efficient_sdp_enabled(),
+        "math_sdp_enabled": b.cuda.math_sdp_enabled(),
+        "cudnn_sdp_enabled": b.cuda.cudnn_sdp_enabled() if hasattr(b.cuda, "cudnn_sdp_enabled") else None,
+    }
+    if hasattr(b.cuda, "preferred_blas_library"):
+        settings["preferred_blas_library"] = str(b.cuda.preferred_blas_library())
+    return settings
+
+
+def measure_gemm_peak(timer):
+    """bf16 GEMM peak in TFLOP/s: an 8192^3 x @ w^T, as replay's peaks.h."""
+    import torch
+    n = PEAK_GEMM_SIZE
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    bt = b.t()
+    ms = percentile(timer.time(lambda: torch.matmul(a, bt, out=c)), 50)
+    del a, b, c, bt
+    torch.cuda.empty_cache()
+    return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def measure_copy_peak(timer):
+    """Device-to-device copy bandwidth in GB/s of a 2 GiB buffer, counting bytes read plus written."""
+    import torch
+    src = torch.randn(PEAK_COPY_BYTES // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = percentile(timer.time(lambda: dst.copy_(src)), 50)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2.0 * PEAK_COPY_BYTES / (ms * 1e-3) / 1e9
+
+
+def measure_peaks(timer):
+    return {"bf16_gemm_tflops": measure_gemm_peak(timer), "copy_gbps": measure_copy_peak(timer)}
+
+
+def time_gemms(timer, M, N, K, directions):
+    """Times the requested directions of one linear layer; returns {direction: times_ms}."""
+    import torch
+    bf16 = dict(dtype=torch.bfloat16, device="cuda")
+    x, w, dy = torch.randn(M, K, **bf16), torch.randn(N, K, **bf16), torch.randn(M, N, **bf16)
+    calls = {
+        "fwd": (x, w.t(), torch.empty(M, N, **bf16)),    # Y = X W^T
+        "dgrad": (dy, w, torch.empty(M, K, **bf16)),     # dX = dY W
+        "wgrad": (dy.t(), x, torch.empty(N, K, **bf16)),  # dW = dY^T X
+    }
+    out = {}
+    for d in directions:
+        a, b, c = calls[d]
+        out[d] = timer.time(lambda: torch.matmul(a, b, out=c))
+    return out
+
+
+def _backend_name(q, k, v, gqa):
+    """Name of the SDPA backend the default selection picks for these inputs, or None if torch won't say."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=None, enable_gqa=gqa)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    for name, member in SDPBackend.__members__.items():
+        if int(member.value) == int(choice):
+            return name
+    return None
+
+
+def time_attention(timer, shape, direction, backend):
+    """Times causal SDPA on [B, H, S, D] inputs, forward alone or forward+backward (autograd.grad on q, k, v
+    with a random grad_output). backend None is the default selection; otherwise the ATTENTION_BACKENDS key
+    forced through sdpa_kernel. Returns (times_ms or None, backend name, note)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, Hq, Hkv, S, D = (shape[k] for k in ("batch", "q_heads", "kv_heads", "seq", "head_dim"))
+    gqa = Hkv != Hq
+    bf16 = dict(dtype=torch.bfloat16, device="cuda")
+    # The inputs require grad in both directions, so the forward is the training forward (it keeps the
+    # softmax statistics the backward needs), as in a training step.
+    q = torch.randn(B, Hq, S, D, **bf16).requires_grad_()
+    k = torch.randn(B, Hkv, S, D, **bf16).requires_grad_()
+    v = torch.randn(B, Hkv, S, D, **bf16).requires_grad_()
+    dout = torch.randn(B, Hq, S, D, **bf16)
+
+    def fwd():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+    def fwd_bwd():
+        torch.autograd.grad(fwd(), (q, k, v), grad_outputs=dout)
+
+    fn = fwd if direction == "fwd" else fwd_bwd
+    if backend is None:
+        return timer.time(fn), _backend_name(q, k, v, gqa) or "default", None
+    member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(member):
+                return timer.time(fn), member.name, None
+        except RuntimeError as e:
+            torch.cuda.synchronize()
+            reasons = [str(w.message).strip() for w in caught]
+            note = f"{member.name} refused: " + "; ".join(reasons + [str(e).splitlines()[0]])
+            return None, member.name, note
+
+
+def cmd_ops(args):
+    only = re.compile(args.only) if args.only else None
+    specs = op_specs(only)
+    if not specs:
+        raise BaselineError(f"--only {args.only!r} matches no op; names look like gpt3_175b_tp4.qkv.fwd")
+    out_dir = os.path.dirname(os.path.abspath(args.json))
+    if not os.path.isdir(out_dir):
+        raise BaselineError(f"--json {args.json}: directory {out_dir} does not exist")
+    torch = require_cuda()
+    torch.manual_seed(0)
+    env, settings = environment(), torch_settings()
+    progress(f"pytorch_baseline ops: torch {env['torch']}, {env['gpu']}, CUDA {env['cuda_runtime']}, "
+             f"cuDNN {env['cudnn']}; warmup {args.warmup}, repeats {args.repeats}, {len(specs)} ops")
+    progress("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    timer = Timer(args.warmup, args.repeats)
+    peaks = measure_peaks(timer)
+    progress(f"peaks: bf16 GEMM {peaks['bf16_gemm_tflops']:.1f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
+
+    results = []
+
+    def record(spec, times, backend=None, note=None):
+        r = make_result(spec, times, peaks["bf16_gemm_tflops"], note=note, backend_used=backend)
+        results.append(r)
+        if r["median_ms"] is None:
+            progress(f"[{len(results)}/{len(specs)}] {r['name']}: not measured ({note})")
+        else:
+            progress(f"[{len(results)}/{len(specs)}] {r['name']}: median {r['median_ms']:.4f} ms "
+                     f"(p10 {r['p10_ms']:.4f}, p90 {r['p90_ms']:.4f}), {r['tflops']:.1f} TFLOP/s, "
+                     f"{r['fraction_of_peak']:.2f} of peak" + (f" [{backend}]" if backend else ""))
+
+    i = 0
+    while i < len(specs):
+        spec = specs[i]
+        if spec["kind"] == "gemm":
+            # The selected directions of one layer share its tensors.
+            group = [s for s in specs[i:] if s["kind"] == "gemm" and s["shard"] == spec["shard"]
+                     and s["layer"] == spec["layer"]]
+            times = time_gemms(timer, *spec["dims"], [s["direction"] for s in group])
+            for s in group:
+                record(s, times[s["direction"]])
+            i += len(group)
+        else:
+            times, backend, note = time_attention(timer, spec["shape"], spec["direction"], spec["backend"])
+            record(spec, times, backend, note)
+            i += 1
+        torch.cuda.empty_cache()
+
+    doc = {
+        "tool": "pytorch",
+        "version": torch.__version__,
+        "environment": env,
+        "settings": settings,
+        "protocol": {"warmup": args.warmup, "repeats": args.repeats,
+                     "timer": "cuda events around each repeat",
+                     "host_lead": timer.cycles_per_ms is not None,
+                     "percentiles": "linear interpolation between closest ranks"},
+        "peaks": peaks,
+        "results": results,
+    }
+    write_json(args.json, doc)
+    progress(f"wrote {args.json}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPT-3 shard training (torch): data, graph capture, the timed run
+# ---------------------------------------------------------------------------------------------------------
+
+def _attr_text(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def token_file_problem(attrs, shape, is_int32, cfg):
+    """Why a replay-tokens file (datasets/gpt3.md) cannot feed this model, or None. attrs: the root
+    attributes; shape: /tokens dims (None when there is no dataset /tokens); is_int32: its element type."""
+    if _attr_text(attrs.get("format")) != "replay-tokens":
+        return f"format is {attrs.get('format')!r}, expected 'replay-tokens'"
+    if attrs.get("format_version") != 1:
+        return f"format_version is {attrs.get('format_version')!r}, expected 1"
+    if shape is None:
+        return "no dataset /tokens"
+    if len(shape) != 2:
+        return f"/tokens has rank {len(shape)}, expected 2"
+    if not is_int32:
+        return "/tokens is not 32-bit integers"
+    for key in ("vocab_size", "seq_len", "num_sequences"):
+        v = attrs.get(key)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+            return f"{key} is {v!r}, expected a positive integer"
+    vocab, seq, n = (int(attrs[k]) for k in ("vocab_size", "seq_len", "num_sequences"))
+    if tuple(shape) != (n, seq + 1):
+        return f"/tokens shape {list(shape)} is not [num_sequences, seq_len + 1] = [{n}, {seq + 1}]"
+    if seq != cfg["seq"]:
+        return f"seq_len {seq} is not the model's {cfg['seq']}"
+    if vocab > cfg["vocab"]:
+        return f"vocab_size {vocab} is larger than the model's vocabulary {cfg['vocab']}"
+    if n < cfg["micro_batch"]:
+        return f"{n} sequences hold no micro-batch of {cfg['micro_batch']}"
+    return None
+
+
+def read_token_file(path, cfg, count):
+    """[count, micro_batch, seq + 1] int64 ids from a replay-tokens HDF5 file, batches in sequential order
+    (replay shuffles by default; the order does not change the step time), and the file's entropy rate
+    when it is the loss floor (TP 1: ids are not remapped)."""
+    try:
+        import h5py
+        import numpy as np
+    except ImportError as e:
+        raise BaselineError(f"--data needs h5py and numpy ({e})") from None
+    import torch
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = dict(f.attrs)
+            ds = f.get("tokens")
+            ds = ds if isinstance(ds, h5py.Dataset) else None
+            problem = token_file_problem(attrs, ds.shape if ds is not None else None,
+                                         ds is not None and ds.dtype.kind == "i" and ds.dtype.itemsize == 4,
+                                         cfg)
+            if problem:
+                raise BaselineError(f"--data {path}: {problem}")
+            rows = [ds[r[0]:r[-1] + 1] for r in sequential_batches(ds.shape[0], cfg["micro_batch"], count)]
+    except OSError as e:
+        raise BaselineError(f"--data {path}: cannot read as HDF5: {e}") from None
+    ids = np.stack(rows).astype(np.int64)
+    vocab = int(attrs["vocab_size"])
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise BaselineError(f"--data {path}: holds token ids outside [0, {vocab})")
+    floor = attrs.get("entropy_rate") if cfg["vocab_shard"] >= vocab else None
+    return torch.from_numpy(ids), float(floor) if floor is not None else None
+
+
+def gpt3_tokens(cfg, count, seed, data_path):
+    """Every step's tokens, mapped into this rank's vocabulary shard, in pinned host memory (each step
+    copies its own slice, so no host write races an earlier asynchronous copy); and the loss floor."""
+    import torch
+    if data_path is None:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, cfg["data_vocab"], (count, cfg["micro_batch"], cfg["seq"] + 1), generator=g)
+        floor = shard_entropy(cfg["data_vocab"], cfg["vocab_shard"])
+    else:
+        ids, floor = read_token_file(data_path, cfg, count)
+    return (ids % cfg["vocab_shard"]).pin_memory(), floor
+
+
+def graph_node_count(raw_graph):
+    """Nodes of a cudaGraph_t (the driver's CUgraph) through cuGraphGetNodes, or None."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    lib.cuGraphGetNodes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    n = ctypes.c_size_t(0)
+    return n.value if lib.cuGraphGetNodes(ctypes.c_void_p(raw_graph), None, ctypes.byref(n)) == 0 else None
+
+
+def capture_step(trainer, static_tokens):
+    """Captures one whole training step (forward, backward, clip, optimizer, masters -> bf16 params) into
+    a torch.cuda.graph; returns (graph, (loss, grad_norm) static outputs, graphs_info, graph pool bytes).
+    Called after warm-up steps on a side stream, as PyTorch documents for whole-network capture."""
+    import torch
+    try:
+        graph, keep = torch.cuda.CUDAGraph(keep_graph=True), True  # instantiate separately, count nodes
+    except TypeError:
+        graph, keep = torch.cuda.CUDAGraph(), False
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    with torch.cuda.graph(graph):
+        t0 = time.perf_counter()
+        outputs = trainer.step(static_tokens)
+    capture_ms = (time.perf_counter() - t0) * 1e3
+    nodes = instantiate_ms = None
+    if keep:
+        nodes = graph_node_count(graph.raw_cuda_graph())
+        t0 = time.perf_counter()
+        graph.instantiate()
+        instantiate_ms = (time.perf_counter() - t0) * 1e3
+    info = {"count": 1, "nodes": nodes, "capture_ms": capture_ms, "instantiate_ms": instantiate_ms}
+    if not keep:
+        info["note"] = "capture_ms includes instantiation (this torch has no CUDAGraph(keep_graph=True))"
+    return graph, outputs, info, torch.cuda.memory_reserved() - reserved
+
+
+def weights_hash(params):
+    """HASH_METHOD's weights_hash of the bf16 parameters, or None without numpy."""
+    import hashlib
+    import torch
+    h = hashlib.sha256()
+    try:
+        for p in params:
+            h.update(p.detach().contiguous().view(torch.int16).cpu().numpy().tobytes())
+    except (ImportError, RuntimeError):
+        return None
+    return h.hexdigest()[:16]
+
+
+def fmt_ms(v):
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+def run_gpt3(args, cfg, layers):
+    """Builds the shard, warms up, captures (--graphs full), times args.steps steps; returns the JSON."""
+    torch = require_cuda()
+    from pytorch_gpt3 import GPT3Shard, MixedPrecisionTrainer
+    torch.manual_seed(args.seed)
+    env, settings = environment(), torch_settings()
+    peak = measure_gemm_peak(Timer(5, 20))
+    progress(f"pytorch_baseline gpt3 {args.preset}: torch {env['torch']}, {env['gpu']}; graphs {args.graphs}, "
+             f"layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}x{cfg['head_dim']}, ffn {cfg['ffn']}, "
+             f"seq {cfg['seq']}, micro-batch {cfg['micro_batch']}, vocab shard {cfg['vocab_shard']} of "
+             f"{cfg['vocab']}, {gpt3_params(cfg, layers) / 1e6:.1f}M parameters; steps {args.steps}, "
+             f"warmup {args.warmup}, seed {args.seed}, data {args.data or 'random tokens'}; "
+             f"bf16 GEMM peak {peak:.1f} TFLOP/s")
+    tokens, floor = gpt3_tokens(cfg, args.warmup + args.steps, args.seed, args.data)
+
+    with torch.device("cuda"):
+        model = GPT3Shard(cfg, layers).to(torch.bfloat16)
+    trainer = MixedPrecisionTrainer(model, GPT3_OPTIMIZER)
+    static_tokens = torch.empty(tokens.shape[1:], dtype=tokens.dtype, device="cuda")
+    qkv = torch.empty(cfg["micro_batch"], cfg["seq"], 3, cfg["heads"], cfg["head_dim"], dtype=torch.bfloat16,
+                      device="cuda").permute(2, 0, 3, 1, 4)
+    backend = _backend_name(qkv[0], qkv[1], qkv[2], False)
+    del qkv
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+    def load(i):
+        static_tokens.copy_(tokens[i], non_blocking=True)
+
+    graph, graphs_info, pool_bytes = None, {"count": 0, "nodes": 0, "capture_ms": None,
+                                            "instantiate_ms": None}, None
+    if args.graphs == "full":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(args.warmup):
+                load(i)
+                trainer.step(static_tokens)
+        torch.cuda.current_stream().wait_stream(side)
+        graph, (static_loss, _), graphs_info, pool_bytes = capture_step(trainer, static_tokens)
+        progress(f"captured the step: {graphs_info['nodes']} nodes, capture {graphs_info['capture_ms']:.1f} ms, "
+                 f"instantiate {fmt_ms(graphs_info['instantiate_ms'])} ms")
+    else:
+        for i in range(args.warmup):
+            load(i)
+            trainer.step(static_tokens)
+    torch.cuda.synchronize()
+
+    # Timed steps: each between its own pair of events, read after the run; the host does not wait for
+    # the device, so the times include any gap the host leaves between launches.
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(args.steps)]
+    losses = torch.empty(args.steps, dtype=torch.float32, device="cuda")
+    host_us = []
+    for i, (start, end) in enumerate(events):
+        t0 = time.perf_counter()
+        start.record()
+        load(args.warmup + i)
+        if graph is not None:
+            graph.replay()
+            loss = static_loss
+        else:
+            loss, _ = trainer.step(static_tokens)
+        end.record()
+        host_us.append((time.perf_counter() - t0) * 1e6)
+        losses[i].copy_(loss)
+    torch.cuda.synchronize()
+    step_ms = [start.elapsed_time(end) for start, end in events]
+
+    # The schedule ran on the device: its last value must be lr_at of the last step.
+    taken = args.warmup + args.steps
+    lr, count = trainer.lr.item(), trainer.step_count.item()
+    if count != taken or abs(lr - lr_at(taken - 1)) > 1e-5 * lr_at(taken - 1):
+        raise BaselineError(f"device schedule disagrees with lr_at: {count:g} steps taken (expected {taken}), "
+                            f"lr {lr:.9g} (expected {lr_at(taken - 1):.9g})")
+    measured = {
+        "version": torch.__version__, "environment": env, "settings": settings, "attention_backend": backend,
+        "memory": {"peak_bytes": torch.cuda.max_memory_allocated(),
+                   "reserved_bytes": torch.cuda.max_memory_reserved(),
+                   "arena_bytes": None, "graph_extra_bytes": pool_bytes},
+        "graphs_info": graphs_info,
+        "losses": losses.tolist(),
+        "weights_hash": weights_hash(trainer.params),
+        "loss_floor": floor,
+    }
+    run = {"preset": args.preset, "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
+           "warmup": args.warmup, "data": os.path.abspath(args.data) if args.data else "random"}
+    return gpt3_document(cfg, layers, run, step_ms, host_us, peak, measured)
+
+
+def cmd_gpt3(args):
+    cfg = gpt3_config(args.preset)
+    layers = args.layers if args.layers is not None else default_layers(cfg)
+    if layers > cfg["model_layers"]:
+        raise BaselineError(f"--layers {layers}: the {args.preset} model has {cfg['model_layers']} layers")
+    if args.graphs == "full" and args.warmup < 1:
+        raise BaselineError("--graphs full needs --warmup 1 or more: the optimizer creates its state on its "
+                            "first step, which must not happen inside the capture")
+    out_dir = os.path.dirname(os.path.abspath(args.json))
+    if not os.path.isdir(out_dir):
+        raise BaselineError(f"--json {args.json}: directory {out_dir} does not exist")
+    if args.data is not None and not os.path.isfile(args.data):
+        raise BaselineError(f"--data {args.data}: no such file")
+    torch = require_cuda()
+    try:
+        doc = run_gpt3(args, cfg, layers)
+    except torch.cuda.OutOfMemoryError as e:
+        raise BaselineError(f"out of GPU memory with {layers} layers ({str(e).splitlines()[0]}); "
+                            f"try a smaller --layers") from None
+    s, t = doc["step_ms"], doc["throughput"]
+    progress(f"step {s['median']:.3f} ms median (p10 {s['p10']:.3f}, p90 {s['p90']:.3f}), "
+             f"host enqueue {doc['host_enqueue_us']['median']:.0f} us, {t['tokens_per_s']:.0f} tokens/s, "
+             f"{doc['model_tflops']:.1f} TFLOP/s, MFU {doc['mfu']:.3f}, peak memory "
+             f"{doc['memory']['peak_bytes'] / 2**30:.2f} GiB (reserved {doc['memory']['reserved_bytes'] / 2**30:.2f}); "
+             f"loss {doc['losses'][0]:.4f} -> {doc['losses'][-1]:.4f}"
+             + (f" (floor {doc['loss_floor']:.4f})" if doc["loss_floor"] is not None else "")
+             + f", hash {doc['loss_hash']}")
+    write_json(args.json, doc)
+    progress(f"wrote {args.json}")
+    return 0
+
+
+def _int_at_least(lowest):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}, got {v}")
+        return v
+    return parse
+
+
+def _regex(text):
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {e}")
+    return text
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ops = sub.add_parser("ops", help="time the shard GEMMs and attention (reports/SCHEMA.md names)")
+    ops.add_argument("--json", required=True, help="output JSON path")
+    ops.add_argument("--warmup", type=_int_at_least(0), default=10, help="untimed calls per op (default 10)")
+    ops.add_argument("--repeats", type=_int_at_least(1), default=50, help="timed calls per op (default 50)")
+    ops.add_argument("--only", type=_regex, default=None, help="time only the ops whose name matches")
+    ops.set_defaults(func=cmd_ops)
+
+    gpt3 = sub.add_parser("gpt3", help="train the GPT-3 175B shard replay-gpt3 trains, eager or one full-step "
+                                       "graph (reports/SCHEMA.md, workload runs)")
+    gpt3.add_argument("--preset", choices=list(GPT3_PRESETS), default="175b-tp4",
+                      help="shapes and tensor-parallel degree (default 175b-tp4)")
+    gpt3.add_argument("--graphs", choices=("none", "full"), default="none",
+                      help="none: eager; full: the whole step, optimizer included, as one CUDA graph")
+    gpt3.add_argument("--steps", type=_int_at_least(1), default=50, help="timed steps (default 50)")
+    gpt3.add_argument("--warmup", type=_int_at_least(0), default=3,
+                      help="untimed steps first, before the capture with --graphs full (default 3)")
+    gpt3.add_argument("--layers", type=_int_at_least(1), default=None,
+                      help="layers on this GPU (default: what fits an 80 GB H100 at 18 bytes of state "
+                           "per parameter: 7 for 175b-tp4, 15 for 175b-tp8)")
+    gpt3.add_argument("--seed", type=_int_at_least(0), default=1234, help="weights and random tokens")
+    gpt3.add_argument("--data", default=None,
+                      help="replay-tokens HDF5 file (datasets/gpt3.md; needs h5py); default random tokens")
+    gpt3.add_argument("--json", required=True, help="output JSON path")
+    gpt3.set_defaults(func=cmd_gpt3)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BaselineError as e:
+        print(f"pytorch_baseline.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1063 @@
+#!/usr/bin/env python3
+"""report.py: markdown tables and plots from the JSON that replay's benchmarks write (reports/SCHEMA.md).
+
+    python3 scripts/report.py ops --replay replay_ops.json --pytorch pytorch_ops.json --out DIR
+        -> DIR/ops_summary.md, DIR/ops_ratio.png
+    python3 scripts/report.py graphs --json graphs_bench.json --out DIR
+        -> DIR/graphs_summary.md, DIR/graphs_sweep.png
+    python3 scripts/report.py workloads --dir RUNS [--out DIR]
+        -> DIR/workloads_summary.md, DIR/<workload>_<preset>_step_time.png,
+           DIR/<workload>_<preset>_host_delay.png (when runs with --host-delay-us exist)
+
+`workloads` reads every workload run in RUNS, named <tool>_<workload>_<preset>_<mode>.json (tool replay or
+pytorch; mode none, layer or full), with _delay<N>us before .json for a run with --host-delay-us N, e.g.
+replay_gpt3_175b-tp4_full.json, pytorch_gpt3_175b-tp4_none.json, replay_gpt3_175b-tp4_none_delay20us.json.
+
+Each report section is one function returning markdown lines, each plot one function writing a PNG.
+Targets that fail are reported in the tables and the exit code stays 0; malformed input exits 1 with a
+message naming the file and the entry, before anything is written.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+# Targets: replay's throughput as a fraction of the basis.
+GEMM_TARGET = 0.95          # of PyTorch (torch.matmul), every GEMM direction
+ATTENTION_TARGET = 0.97     # of PyTorch's default SDPA selection, forward+backward
+KERNEL_TARGET = 0.80        # of replay's own measured copy bandwidth, memory-bound kernels
+
+PASS, FAIL, MISSING, MISMATCH, INFO = "pass", "FAIL", "missing", "mismatch", "—"
+
+SHAPE_ABBREV = {"batch": "b", "q_heads": "hq", "kv_heads": "hkv", "seq": "s", "head_dim": "d"}
+
+
+class ReportError(Exception):
+    """Malformed or unreadable input; the message names the file and the entry."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading and validation
+# ---------------------------------------------------------------------------------------------------------
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _number_or_null(v):
+    return v is None or _is_number(v)
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: expected a JSON object at the top level")
+    return doc
+
+
+def _check_tool(doc, path, tool):
+    if doc.get("tool") != tool:
+        raise ReportError(f"{path}: 'tool' is {doc.get('tool')!r}, expected {tool!r}")
+
+
+def _check_object(doc, key, path, required=True):
+    v = doc.get(key)
+    if v is None and not required:
+        return
+    if not isinstance(v, dict):
+        raise ReportError(f"{path}: '{key}' must be an object")
+
+
+def validate_ops(doc, path, tool):
+    """Checks an op-benchmark JSON (tool 'replay-ops' or 'pytorch') and returns it."""
+    _check_tool(doc, path, tool)
+    _check_object(doc, "environment", path)
+    _check_object(doc, "peaks", path)
+    for key in ("bf16_gemm_tflops", "copy_gbps"):
+        if not _number_or_null(doc["peaks"].get(key)):
+            raise ReportError(f"{path}: peaks.{key} must be a number or null")
+    results = doc.get("results")
+    if not isinstance(results, list):
+        raise ReportError(f"{path}: 'results' must be a list")
+    seen = set()
+    for i, r in enumerate(results):
+        where = f"{path}: results[{i}]"
+        if not isinstance(r, dict):
+            raise ReportError(f"{where} is not an object")
+        name = r.get("name")
+        if not isinstance(name, str) or not name:
+            raise ReportError(f"{where} has no 'name'")
+        where = f"{path}: results[{i}] ({name})"
+        if name in seen:
+            raise ReportError(f"{where}: duplicate name")
+        seen.add(name)
+        if r.get("kind") not in ("gemm", "attention", "kernel"):
+            raise ReportError(f"{where}: 'kind' is {r.get('kind')!r}, expected gemm, attention or kernel")
+        if not isinstance(r.get("shape"), dict):
+            raise ReportError(f"{where}: 'shape' must be an object")
+        for key in ("median_ms", "p10_ms", "p90_ms", "flops", "bytes"):
+            if not _number_or_null(r.get(key)):
+                raise ReportError(f"{where}: '{key}' must be a number or null")
+        if r.get("median_ms") is not None and r["median_ms"] <= 0:
+            raise ReportError(f"{where}: 'median_ms' must be positive")
+    return doc
+
+
+def validate_graphs(doc, path):
+    """Checks a replay-graphs-bench JSON and returns it."""
+    _check_tool(doc, path, "replay-graphs-bench")
+    _check_object(doc, "environment", path, required=False)
+    _check_object(doc, "chain", path)
+    _check_object(doc, "mix", path, required=False)
+    for part in ("chain", "mix"):
+        for key, v in (doc.get(part) or {}).items():
+            if not _number_or_null(v):
+                raise ReportError(f"{path}: {part}.{key} must be a number or null")
+    sweep = doc.get("sweep")
+    if not isinstance(sweep, list):
+        raise ReportError(f"{path}: 'sweep' must be a list")
+    for i, p in enumerate(sweep):
+        if not isinstance(p, dict) or not _is_number(p.get("host_delay_us")):
+            raise ReportError(f"{path}: sweep[{i}] needs a numeric 'host_delay_us'")
+        for key in ("eager_us", "graph_us", "small_graphs_us", "speedup"):
+            if not _number_or_null(p.get(key)):
+                raise ReportError(f"{path}: sweep[{i}].{key} must be a number or null")
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Formatting
+# ---------------------------------------------------------------------------------------------------------
+
+def fmt(v, spec=".4g"):
+    return "—" if v is None else format(v, spec)
+
+
+def fmt_shape(shape):
+    if not shape:
+        return "—"
+    return " ".join(f"{SHAPE_ABBREV.get(k, k)}={v}" for k, v in shape.items())
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _measured(entry):
+    return entry is not None and entry.get("median_ms") is not None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Op comparison (pure: dicts in, rows out)
+# ---------------------------------------------------------------------------------------------------------
+
+def split_variant(name):
+    """'x.attention.fwd_bwd@flash' -> ('x.attention.fwd_bwd', 'flash'); no '@' -> (name, None)."""
+    base, sep, variant = name.partition("@")
+    return (base, variant) if sep else (name, None)
+
+
+def target_for(kind, name):
+    """The ratio replay must reach for this op, or None where there is no target."""
+    if kind == "gemm":
+        return GEMM_TARGET
+    if kind == "attention" and name.endswith(".fwd_bwd"):
+        return ATTENTION_TARGET
+    if kind == "kernel":
+        return KERNEL_TARGET
+    return None
+
+
+def _judge(ratio, target):
+    if target is None:
+        return INFO
+    return PASS if ratio >= target else FAIL
+
+
+def _disagreement(a, b):
+    """Why two tools' entries for one name are not the same operation, or None."""
+    if a["kind"] != b["kind"]:
+        return f"kind {a['kind']} vs {b['kind']}"
+    if a["shape"] != b["shape"]:
+        return f"shape {fmt_shape(a['shape'])} vs {fmt_shape(b['shape'])}"
+    fa, fb = a.get("flops"), b.get("flops")
+    if fa is not None and fb is not None and abs(fa - fb) > 1e-9 * max(abs(fa), abs(fb)):
+        return f"flops {fa:.6g} vs {fb:.6g}"
+    return None
+
+
+def _ordered_names(*result_lists):
+    return _union_keys([{r["name"]: r for r in results} for results in result_lists])
+
+
+def _why_unmeasured(tool, entry):
+    if entry is None:
+        return f"not in the {tool} JSON"
+    return f"{tool} did not measure it" + (f" ({entry['note']})" if entry.get("note") else "")
+
+
+def compare_ops(replay, pytorch):
+    """One row per GEMM or attention name (explicit-backend variants excluded), in replay's order then
+    PyTorch's extras. ratio = replay throughput / PyTorch throughput = pytorch median / replay median."""
+    rep = {r["name"]: r for r in replay["results"]}
+    pt = {r["name"]: r for r in pytorch["results"]}
+    rows = []
+    for name in _ordered_names(replay["results"], pytorch["results"]):
+        a, b = rep.get(name), pt.get(name)
+        kind = (a or b)["kind"]
+        if kind == "kernel" or split_variant(name)[1] is not None:
+            continue
+        row = {"name": name, "kind": kind, "shape": (a or b)["shape"], "replay": a, "pytorch": b,
+               "ratio": None, "target": target_for(kind, name), "status": MISSING, "note": None}
+        if a is not None and b is not None and _disagreement(a, b):
+            row.update(status=MISMATCH, note=_disagreement(a, b))
+        elif not _measured(a) or not _measured(b):
+            row["note"] = "; ".join(_why_unmeasured(tool, e) for tool, e in (("replay", a), ("pytorch", b))
+                                    if not _measured(e))
+        else:
+            row["ratio"] = b["median_ms"] / a["median_ms"]
+            row["status"] = _judge(row["ratio"], row["target"])
+        rows.append(row)
+    return rows
+
+
+def kernel_rows(replay):
+    """Memory-bound kernels: achieved bandwidth (bytes / median) against replay's measured copy peak."""
+    copy = replay["peaks"].get("copy_gbps")
+    rows = []
+    for r in replay["results"]:
+        if r["kind"] != "kernel":
+            continue
+        gbps = r["bytes"] / r["median_ms"] / 1e6 if _measured(r) and r.get("bytes") else None
+        row = {"name": r["name"], "shape": r["shape"], "median_ms": r.get("median_ms"), "gbps": gbps,
+               "ratio": None, "target": KERNEL_TARGET, "status": MISSING, "note": None}
+        if gbps is None:
+            row["note"] = "not measured" if not _measured(r) else "no 'bytes'"
+        elif not copy:
+            row["note"] = "replay measured no copy bandwidth"
+        else:
+            row["ratio"] = gbps / copy
+            row["status"] = _judge(row["ratio"], KERNEL_TARGET)
+        rows.append(row)
+    return rows
+
+
+def backend_rows(replay, pytorch):
+    """Explicit-backend variants from the PyTorch JSON, grouped under their base name: (variants, rows),
+    each row {name, replay, default, variants: {variant: entry}}."""
+    rep = {r["name"]: r for r in replay["results"]}
+    pt = {r["name"]: r for r in pytorch["results"]}
+    variants, groups = [], {}
+    for r in pytorch["results"]:
+        base, variant = split_variant(r["name"])
+        if variant is None:
+            continue
+        if variant not in variants:
+            variants.append(variant)
+        groups.setdefault(base, {})[variant] = r
+    rows = [{"name": base, "replay": rep.get(base), "default": pt.get(base), "variants": v}
+            for base, v in groups.items()]
+    return variants, rows
+
+
+def leftover_names(replay, pytorch, *row_lists):
+    """Entries no table shows (e.g. a kernel only PyTorch timed): listed so that nothing drops silently."""
+    shown = {row["name"] for rows in row_lists for row in rows}
+    shown |= {r["name"] for r in pytorch["results"] if split_variant(r["name"])[1] is not None}
+    return [(tool, r["name"]) for tool, doc in (("replay", replay), ("pytorch", pytorch))
+            for r in doc["results"] if r["name"] not in shown]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections of the op report
+# ---------------------------------------------------------------------------------------------------------
+
+def _union_keys(dicts):
+    """Keys of several dicts, in first-seen order."""
+    keys = []
+    for d in dicts:
+        keys += [k for k in (d or {}) if k not in keys]
+    return keys
+
+
+def section_environment(labelled_docs):
+    """Environment, version and protocol of each tool, side by side."""
+    labels = [label for label, _ in labelled_docs]
+    envs = [doc.get("environment") or {} for _, doc in labelled_docs]
+    protocols = [doc.get("protocol") or {} for _, doc in labelled_docs]
+    rows = [["version", *[fmt(doc.get("version"), "") for _, doc in labelled_docs]]]
+    rows += [[k, *[fmt(e.get(k), "") for e in envs]] for k in _union_keys(envs)]
+    rows += [[f"protocol.{k}", *[fmt(p.get(k), "") for p in protocols]] for k in _union_keys(protocols)]
+    lines = ["## Environment", ""] + table(["", *labels], rows)
+    for label, doc in labelled_docs:
+        if isinstance(doc.get("settings"), dict):
+            settings = ", ".join(f"`{k}={v}`" for k, v in doc["settings"].items())
+            lines += ["", f"{label} settings: {settings}"]
+    return lines + [""]
+
+
+def section_peaks(replay, pytorch):
+    def ratio(a, b):
+        return a / b if a and b else None
+    rows = []
+    for key, label in (("bf16_gemm_tflops", "bf16 GEMM 8192^3 (TFLOP/s)"),
+                       ("copy_gbps", "2 GiB device copy, read + write (GB/s)")):
+        a, b = replay["peaks"].get(key), pytorch["peaks"].get(key)
+        rows.append([label, fmt(a, ".1f"), fmt(b, ".1f"), fmt(ratio(a, b), ".3f")])
+    header = ["", "replay", "pytorch", "replay/pytorch"]
+    return ["## Peaks measured by each tool", ""] + table(header, rows) + [""]
+
+
+def section_verdict(rows, krows):
+    """One line: how many targets were met, and which failed or could not be judged."""
+    judged = [r for r in rows + krows if r["target"] is not None]
+    met = [r for r in judged if r["status"] == PASS]
+    failed = [r["name"] for r in judged if r["status"] == FAIL]
+    unjudged = [r["name"] for r in rows + krows if r["status"] in (MISSING, MISMATCH)]
+    lines = ["## Verdict", "", f"{len(met)} of {len(judged)} targets met ({len(failed)} failed, "
+             f"{len(judged) - len(met) - len(failed)} not judged)."]
+    if failed:
+        lines.append("Failed: " + ", ".join(f"`{n}`" for n in failed) + ".")
+    if unjudged:
+        lines.append("Not judged (missing or mismatched): " + ", ".join(f"`{n}`" for n in unjudged) + ".")
+    lines.append(f"Targets: GEMMs >= {GEMM_TARGET:.2f} of PyTorch; attention forward+backward >= "
+                 f"{ATTENTION_TARGET:.2f} of PyTorch's default backend; memory-bound kernels >= "
+                 f"{KERNEL_TARGET:.2f} "
+                 "of replay's copy bandwidth. Ratios are replay throughput over PyTorch's (PyTorch median / "
+                 "replay median).")
+    return lines + [""]
+
+
+def _tflops(e):
+    """TFLOP/s from the entry's flops and median (not its own 'tflops' field, so both tools are judged
+    by one formula)."""
+    return e["flops"] / e["median_ms"] / 1e9 if _measured(e) and e.get("flops") else None
+
+
+def _result(row):
+    return row["status"] + (f": {row['note']}" if row["note"] else "")
+
+
+def section_ops_table(rows):
+    out = []
+    for r in rows:
+        a, b = r["replay"], r["pytorch"]
+        rep_ms = fmt(a["median_ms"]) if a else MISSING
+        pt_ms = fmt(b["median_ms"]) if b else MISSING
+        if b is not None and b.get("backend"):
+            pt_ms += f" ({b['backend']})"
+        rep_tf = fmt(_tflops(a), ".1f")
+        out.append([f"`{r['name']}`", r["kind"], fmt_shape(r["shape"]), rep_ms, pt_ms, rep_tf,
+                    fmt(r["ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)])
+    header = ["op", "kind", "shape", "replay ms", "pytorch ms", "replay TFLOP/s", "replay/pytorch", "target",
+              "result"]
+    return ["## GEMMs and attention: replay against PyTorch", ""] + table(header, out) + [""]
+
+
+def section_kernels(krows, copy_gbps):
+    if not krows:
+        return ["## Memory-bound kernels", "", "No memory-bound kernels in the replay JSON.", ""]
+    out = [[f"`{r['name']}`", fmt_shape(r["shape"]), fmt(r["median_ms"]), fmt(r["gbps"], ".1f"),
+            fmt(r["ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)] for r in krows]
+    header = ["kernel", "shape", "replay ms", "GB/s", "of copy", "target", "result"]
+    return (["## Memory-bound kernels", "",
+             f"Against replay's measured copy bandwidth, {fmt(copy_gbps, '.1f')} GB/s.", ""]
+            + table(header, out) + [""])
+
+
+def section_attention_backends(variants, rows):
+    title = ["## Attention forward+backward under each PyTorch backend", ""]
+    if not rows:
+        return title + ["No explicit-backend entries in the PyTorch JSON.", ""]
+
+    def cell(e):
+        if e is None:
+            return MISSING
+        if e.get("median_ms") is None:
+            return "refused" if "refused" in (e.get("note") or "") else "not measured"
+        return fmt(e["median_ms"])
+
+    def ratio(rep, e):
+        return fmt(e["median_ms"] / rep["median_ms"], ".3f") if _measured(rep) and _measured(e) else "—"
+
+    out, notes = [], []
+    for r in rows:
+        default = r["default"]
+        dcell = cell(default) + (f" ({default['backend']})" if default and default.get("backend") else "")
+        vs = [r["variants"].get(v) for v in variants]
+        out.append([f"`{r['name']}`", cell(r["replay"]), dcell, *[cell(e) for e in vs],
+                    ratio(r["replay"], default), *[ratio(r["replay"], e) for e in vs]])
+        notes += [f"- `{r['name']}@{v}`: {e['note']}" for v, e in zip(variants, vs) if e and e.get("note")]
+    header = ["op", "replay ms", "pytorch default ms", *[f"@{v} ms" for v in variants], "replay/default",
+              *[f"replay/@{v}" for v in variants]]
+    return title + table(header, out) + ([""] + notes if notes else []) + [""]
+
+
+def section_leftovers(leftovers):
+    if not leftovers:
+        return []
+    return (["## Entries not compared", ""] + [f"- {tool}: `{name}`" for tool, name in leftovers] + [""])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------------
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+STATUS_COLOURS = {PASS: "tab:green", FAIL: "tab:red", INFO: "tab:gray", MISMATCH: "tab:orange"}
+
+
+def plot_ops_ratio(rows, path):
+    """Horizontal bars of replay/PyTorch per op, coloured by verdict, with each op's target marked."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.28 * max(len(rows), 1)))
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        if r["ratio"] is None:
+            ax.text(0.02, y, r["status"], va="center", fontsize=8, color="tab:red")
+            continue
+        ax.barh(y, r["ratio"], color=STATUS_COLOURS.get(r["status"], "tab:gray"), height=0.7)
+        if r["target"] is not None:
+            ax.plot([r["target"]] * 2, [y - 0.4, y + 0.4], color="black", linewidth=1.5)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=0.8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([r["name"] for r in rows], fontsize=8)
+    ax.set_xlabel("replay throughput / PyTorch throughput (black ticks: targets)")
+    ax.set_title("replay against PyTorch, per op")
+    if not rows:
+        ax.text(0.5, 0.5, "no comparable ops", ha="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_graph_sweep(sweep, crossings, path):
+    """Eager, one-graph and small-graphs time against host delay, with each crossover marked."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    xs = [p["host_delay_us"] for p in sweep]
+    styles = {"eager_us": ("eager", "tab:red", None), "graph_us": ("one graph", "tab:blue", ":"),
+              "small_graphs_us": ("small graphs", "tab:green", "--")}
+    for key, (label, colour, _) in styles.items():
+        pts = [(x, p.get(key)) for x, p in zip(xs, sweep) if p.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=label, color=colour)
+    for key, c in crossings.items():
+        if c is not None:
+            label, colour, dash = styles[key]
+            ax.axvline(c["first_delay_us"], color=colour, linestyle=dash,
+                       label=f"{label} pays from {c['first_delay_us']:g} µs")
+    ax.set_xlabel("host delay per kernel launch (µs)")
+    ax.set_ylabel("time (µs)")
+    ax.set_title("Eager against CUDA graphs as the host slows down")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _plot_line(written, name, what):
+    if written:
+        return [f"![{what}]({name})", ""]
+    print(f"report.py: warning: matplotlib is not importable; {name} not written", file=sys.stderr)
+    return [f"({name} not written: matplotlib is not importable.)", ""]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Graph-layer report
+# ---------------------------------------------------------------------------------------------------------
+
+CHAIN_FIELDS = [
+    ("kernels", "kernels", ".0f"),
+    ("sum_kernel_us", "sum of the kernels' own times (µs)", ".2f"),
+    ("eager_us", "eager, back to back (µs)", ".2f"),
+    ("eager_launch_us_per_kernel", "eager launch cost per kernel (µs)", ".2f"),
+    ("graph_us", "one graph (µs)", ".2f"),
+    ("graph_launch_us", "graph launch cost (µs)", ".2f"),
+    ("graph_over_sum", "one graph / sum of kernels", ".3f"),
+    ("small_graphs_us", "small graphs (µs)", ".2f"),
+    ("small_graph_size", "kernels per small graph", ".0f"),
+]
+
+
+def crossover(sweep, key):
+    """Where the graph variant `key` starts to pay (time below eager), scanning host delays upwards:
+    {first_delay_us, interpolated_us} or None if it never does. interpolated_us is the linear estimate of
+    where the two curves cross between the last delay that did not pay and the first that did (None when
+    graphs pay already at the smallest delay)."""
+    pts = sorted((p for p in sweep if p.get("eager_us") is not None and p.get(key) is not None),
+                 key=lambda p: p["host_delay_us"])
+    for i, p in enumerate(pts):
+        gain = p["eager_us"] - p[key]
+        if gain > 0:
+            if i == 0:
+                return {"first_delay_us": p["host_delay_us"], "interpolated_us": None}
+            q = pts[i - 1]
+            prev = q["eager_us"] - q[key]
+            x = q["host_delay_us"] + (p["host_delay_us"] - q["host_delay_us"]) * (-prev) / (gain - prev)
+            return {"first_delay_us": p["host_delay_us"], "interpolated_us": x}
+    return None
+
+
+def section_graph_chain(doc):
+    parts = [(p, doc.get(p)) for p in ("chain", "mix")]
+    keys = [k for k, _, _ in CHAIN_FIELDS]
+    extra = [k for k in _union_keys([d for _, d in parts]) if k not in keys]
+    rows = []
+    for key, label, spec in CHAIN_FIELDS + [(k, k, ".4g") for k in extra]:
+        rows.append([label, *[fmt(d.get(key), spec) if d is not None else MISSING for _, d in parts]])
+
+    def speedup(d):
+        return d["eager_us"] / d["graph_us"] if d and d.get("eager_us") and d.get("graph_us") else None
+    rows.append(["eager / one graph",
+                 *[fmt(speedup(d), ".2f") if d is not None else MISSING for _, d in parts]])
+    lines = ["## Launch costs: a chain of small kernels, and a mix", ""]
+    lines += table(["", "chain", "mix"], rows) + [""]
+    chain = doc["chain"]
+    if chain.get("graph_over_sum") is not None:
+        per_kernel = fmt(chain.get("eager_launch_us_per_kernel"), ".2f")
+        lines.append(f"One graph replays the chain in {chain['graph_over_sum']:.3f}x the sum of its kernels' "
+                     f"times; eager launches cost {per_kernel} µs per kernel, one graph launch "
+                     f"{fmt(chain.get('graph_launch_us'), '.2f')} µs.")
+        lines.append("")
+    return lines
+
+
+def section_graph_sweep(sweep, crossings):
+    def ratio(p, key):
+        return p["eager_us"] / p[key] if p.get("eager_us") and p.get(key) else None
+    rows = [[fmt(p["host_delay_us"], "g"), fmt(p.get("eager_us"), ".2f"), fmt(p.get("graph_us"), ".2f"),
+             fmt(p.get("small_graphs_us"), ".2f"), fmt(ratio(p, "graph_us"), ".2f"),
+             fmt(ratio(p, "small_graphs_us"), ".2f")]
+            for p in sorted(sweep, key=lambda p: p["host_delay_us"])]
+    header = ["host delay µs", "eager µs", "one graph µs", "small graphs µs", "eager/one graph",
+              "eager/small graphs"]
+    lines = ["## Host-delay sweep", ""] + table(header, rows) + [""]
+    for key, label in (("graph_us", "One graph"), ("small_graphs_us", "Small graphs")):
+        c = crossings[key]
+        if c is None:
+            lines.append(f"- {label}: never faster than eager over the sweep.")
+        elif c["interpolated_us"] is None:
+            lines.append(f"- {label}: faster than eager already at the smallest delay, "
+                         f"{c['first_delay_us']:g} µs.")
+        else:
+            lines.append(f"- {label}: faster than eager from {c['first_delay_us']:g} µs host delay "
+                         f"(curves cross near {c['interpolated_us']:.1f} µs).")
+    return lines + [""]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reports
+# ---------------------------------------------------------------------------------------------------------
+
+def report_ops(replay_path, pytorch_path, out_dir):
+    """Writes out_dir/ops_summary.md and out_dir/ops_ratio.png; returns (md path, rows, kernel rows)."""
+    replay = validate_ops(load_json(replay_path), replay_path, "replay-ops")
+    pytorch = validate_ops(load_json(pytorch_path), pytorch_path, "pytorch")
+    rows, krows = compare_ops(replay, pytorch), kernel_rows(replay)
+    variants, brows = backend_rows(replay, pytorch)
+    os.makedirs(out_dir, exist_ok=True)
+    written = plot_ops_ratio(rows, os.path.join(out_dir, "ops_ratio.png"))
+    lines = ["# replay ops against PyTorch", "",
+             f"Inputs: `{os.path.basename(replay_path)}` (replay), "
+             f"`{os.path.basename(pytorch_path)}` (PyTorch).", ""]
+    lines += section_verdict(rows, krows)
+    lines += section_ops_table(rows)
+    lines += _plot_line(written, "ops_ratio.png", "replay / PyTorch per op")
+    lines += section_attention_backends(variants, brows)
+    lines += section_kernels(krows, replay["peaks"].get("copy_gbps"))
+    lines += section_leftovers(leftover_names(replay, pytorch, rows, krows))
+    lines += section_peaks(replay, pytorch)
+    lines += section_environment([("replay", replay), ("pytorch", pytorch)])
+    md = os.path.join(out_dir, "ops_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    return md, rows, krows
+
+
+def report_graphs(json_path, out_dir):
+    """Writes out_dir/graphs_summary.md and out_dir/graphs_sweep.png; returns (md path, crossings)."""
+    doc = validate_graphs(load_json(json_path), json_path)
+    crossings = {key: crossover(doc["sweep"], key) for key in ("graph_us", "small_graphs_us")}
+    os.makedirs(out_dir, exist_ok=True)
+    written = plot_graph_sweep(sorted(doc["sweep"], key=lambda p: p["host_delay_us"]), crossings,
+                               os.path.join(out_dir, "graphs_sweep.png"))
+    lines = ["# replay graph layer: launch costs and host-delay sweep", "",
+             f"Input: `{os.path.basename(json_path)}`.", ""]
+    lines += section_graph_chain(doc)
+    lines += section_graph_sweep(doc["sweep"], crossings)
+    lines += _plot_line(written, "graphs_sweep.png", "time against host delay")
+    lines += section_environment([("replay-graphs-bench", doc)])
+    md = os.path.join(out_dir, "graphs_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    return md, crossings
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workload runs: replay-<workload> against pytorch_baseline.py <workload>
+# ---------------------------------------------------------------------------------------------------------
+
+# Targets (replay against PyTorch, and replay against itself).
+FULL_GRAPH_TARGET = 0.90      # replay full-graph step time / PyTorch graphed (torch.cuda.graph) step time, at most
+EAGER_TARGET = 1.00           # replay eager step time / PyTorch eager step time, at most
+GRAPH_MEMORY_TOLERANCE = 0.01  # replay peak memory with graphs within this fraction of eager
+CAPTURE_LIMIT_MS = 2000.0     # replay capture + instantiate time of a graph mode, under
+
+MODES = ("none", "layer", "full")
+TOOLS = ("replay", "pytorch")
+# File names: <tool>_<workload>_<preset>_<mode>.json, and _delay<N>us before .json for runs with
+# --host-delay-us N (N > 0). The op benchmarks' replay_ops.json and pytorch_ops.json are not workload runs.
+WORKLOAD_FILE = re.compile(r"^(replay|pytorch)_([a-z][a-z0-9]*)_([A-Za-z0-9.-]+)_(none|layer|full)"
+                           r"(?:_delay([0-9]+)us)?\.json$")
+NOT_WORKLOAD_FILES = ("replay_ops.json", "pytorch_ops.json")
+
+
+def workload_file_key(name):
+    """(tool, workload, preset, mode, host delay in µs) from a workload file name; None for files that are
+    not workload runs (other names, the op benchmarks' JSON). A replay_*/pytorch_* JSON whose name does not
+    follow the pattern is an error, so a misnamed run never drops silently."""
+    if not name.endswith(".json") or not name.startswith(("replay_", "pytorch_")) or name in NOT_WORKLOAD_FILES:
+        return None
+    m = WORKLOAD_FILE.match(name)
+    if not m:
+        raise ReportError(f"{name}: a workload run's file must be named <tool>_<workload>_<preset>_<mode>.json "
+                          "(tool replay or pytorch, mode none, layer or full), with _delay<N>us before .json "
+                          "for a --host-delay-us run")
+    tool, workload, preset, mode, delay = m.groups()
+    return tool, workload, preset, mode, int(delay) if delay else 0
+
+
+def _require(cond, path, message):
+    if not cond:
+        raise ReportError(f"{path}: {message}")
+
+
+def validate_workload(doc, path):
+    """Checks a workload-run JSON (reports/SCHEMA.md) and returns it."""
+    workload = doc.get("workload")
+    _require(isinstance(workload, str) and workload, path, "'workload' must be a non-empty string")
+    _require(doc.get("tool") in ("pytorch", f"replay-{workload}"), path,
+             f"'tool' is {doc.get('tool')!r}, expected 'replay-{workload}' or 'pytorch'")
+    _require(isinstance(doc.get("preset"), str) and doc["preset"], path, "'preset' must be a non-empty string")
+    _require(doc.get("graphs") in MODES, path, f"'graphs' is {doc.get('graphs')!r}, expected none, layer or full")
+    for key in ("config", "step_ms", "throughput", "memory"):
+        _check_object(doc, key, path)
+    for key in ("environment", "host_enqueue_us", "graphs_info", "peaks"):
+        _check_object(doc, key, path, required=False)
+    _require(_number_or_null(doc["config"].get("host_delay_us")), path,
+             "config.host_delay_us must be a number or null")
+    step = doc["step_ms"]
+    for key in ("median", "p10", "p90"):
+        _require(_is_number(step.get(key)) and step[key] > 0, path, f"step_ms.{key} must be a positive number")
+    for part, keys in (("throughput", ("tokens_per_s", "samples_per_s")), ("memory", ("peak_bytes",)),
+                       ("host_enqueue_us", ("median", "p90")),
+                       ("graphs_info", ("count", "nodes", "capture_ms", "instantiate_ms"))):
+        for key in keys:
+            _require(_number_or_null((doc.get(part) or {}).get(key)), path, f"{part}.{key} must be a number or null")
+    for key in ("model_tflops", "mfu", "flops_per_step"):
+        _require(_number_or_null(doc.get(key)), path, f"'{key}' must be a number or null")
+    losses = doc.get("losses")
+    _require(isinstance(losses, list) and all(_number_or_null(v) for v in losses), path,
+             "'losses' must be a list of numbers")
+    _require(doc.get("loss_hash") is None or isinstance(doc["loss_hash"], str), path,
+             "'loss_hash' must be a string or null")
+    return doc
+
+
+def load_workload_runs(directory):
+    """Every workload run in `directory`: {(workload, preset): {(tool, mode, delay): (file name, doc)}}, in
+    file-name order. The name and the content must agree."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as e:
+        raise ReportError(f"{directory}: cannot list: {e.strerror}") from None
+    groups = {}
+    for name in names:
+        key = workload_file_key(name)
+        if key is None:
+            continue
+        tool, workload, preset, mode, delay = key
+        path = os.path.join(directory, name)
+        doc = validate_workload(load_json(path), path)
+        found = ("replay" if doc["tool"].startswith("replay-") else "pytorch", doc["workload"], doc["preset"],
+                 doc["graphs"], doc["config"].get("host_delay_us") or 0)
+        for what, named, inside in zip(("tool", "workload", "preset", "graphs", "config.host_delay_us"),
+                                       key, found):
+            _require(named == inside, path, f"the file name says {what} {named!r} but the run has {inside!r}")
+        groups.setdefault((workload, preset), {})[(tool, mode, delay)] = (name, doc)
+    if not groups:
+        raise ReportError(f"{directory}: no workload run (replay_<workload>_<preset>_<mode>.json or "
+                          "pytorch_<workload>_<preset>_<mode>.json)")
+    return groups
+
+
+# Config keys that must agree between the tools for their step times to be compared.
+SHAPE_KEYS = ("layers", "hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches", "vocab",
+              "vocab_shard", "tp")
+
+
+def shape_disagreement(a, b):
+    """Why two runs do not do the same work (a config key both carry and that differs), or None."""
+    ca, cb = a["config"], b["config"]
+    diffs = [f"{k} {ca[k]} vs {cb[k]}" for k in SHAPE_KEYS if k in ca and k in cb and ca[k] != cb[k]]
+    return ", ".join(diffs) if diffs else None
+
+
+def _median(doc):
+    return doc["step_ms"]["median"] if doc else None
+
+
+def _graph_setup_ms(doc):
+    g = doc.get("graphs_info") or {}
+    if g.get("capture_ms") is None or g.get("instantiate_ms") is None:
+        return None
+    return g["capture_ms"] + g["instantiate_ms"]
+
+
+def _target(name, value, limit, status, note=None, spec=".3f"):
+    return {"name": name, "value": value, "limit": limit, "status": status, "note": note, "spec": spec}
+
+
+def _ratio_target(name, rep, pt, limit):
+    """replay step time / PyTorch step time, at most `limit`."""
+    if rep is None or pt is None:
+        missing = [f"{tool} run" for tool, d in (("replay", rep), ("pytorch", pt)) if d is None]
+        return _target(name, None, limit, MISSING, "no " + " and no ".join(missing))
+    why = shape_disagreement(rep, pt)
+    if why:
+        return _target(name, None, limit, MISMATCH, f"not the same work: {why}")
+    ratio = _median(rep) / _median(pt)
+    return _target(name, ratio, limit, PASS if ratio <= limit else FAIL)
+
+
+def workload_targets(runs):
+    """The issue's targets for one workload and preset, from its delay-0 runs {(tool, mode): doc}."""
+    rep = {m: runs.get(("replay", m)) for m in MODES}
+    pt = {m: runs.get(("pytorch", m)) for m in MODES}
+    out = [_ratio_target("full-graph step time / PyTorch graphed", rep["full"], pt["full"], FULL_GRAPH_TARGET),
+           _ratio_target("eager step time / PyTorch eager", rep["none"], pt["none"], EAGER_TARGET)]
+    for mode in ("layer", "full"):
+        name = f"peak memory, {mode} graphs / eager"
+        a, e = rep[mode], rep["none"]
+        if a is None or e is None or not a["memory"].get("peak_bytes") or not e["memory"].get("peak_bytes"):
+            out.append(_target(name, None, 1 + GRAPH_MEMORY_TOLERANCE, MISSING, "no replay eager and "
+                               f"{mode} runs with peak_bytes"))
+            continue
+        ratio = a["memory"]["peak_bytes"] / e["memory"]["peak_bytes"]
+        ok = abs(ratio - 1) <= GRAPH_MEMORY_TOLERANCE + 1e-12
+        out.append(_target(name, ratio, 1 + GRAPH_MEMORY_TOLERANCE, PASS if ok else FAIL))
+    for mode in ("layer", "full"):
+        name = f"capture + instantiate, {mode} graphs (ms)"
+        d = rep[mode]
+        ms = _graph_setup_ms(d) if d else None
+        if ms is None:
+            why = f"no replay {mode} run" if d is None else "capture_ms or instantiate_ms is null"
+            out.append(_target(name, None, CAPTURE_LIMIT_MS, MISSING, why, ".1f"))
+        else:
+            out.append(_target(name, ms, CAPTURE_LIMIT_MS, PASS if ms < CAPTURE_LIMIT_MS else FAIL, None, ".1f"))
+    present = {m: d for m, d in rep.items() if d is not None}
+    hashes = {m: d.get("loss_hash") for m, d in present.items()}
+    name = "loss hash identical across replay's modes"
+    if len(present) < 2 or any(h is None for h in hashes.values()):
+        out.append(_target(name, None, None, MISSING, "fewer than two replay runs with a loss_hash"))
+    else:
+        same = len(set(hashes.values())) == 1
+        notes = [] if same else [", ".join(f"{m} {h}" for m, h in hashes.items())]
+        absent = [m for m in MODES if m not in present]
+        if absent:
+            notes.append(f"compared {', '.join(present)}; no {', '.join(absent)} run")
+        out.append(_target(name, None, None, PASS if same else FAIL, "; ".join(notes) or None))
+    return out
+
+
+def workload_notes(runs):
+    """Facts a reader needs before trusting a comparison: shape or FLOP-formula disagreements, differing
+    step counts."""
+    notes = []
+    rep = [d for (tool, _), d in runs.items() if tool == "replay"]
+    pt = [d for (tool, _), d in runs.items() if tool == "pytorch"]
+    if rep and pt:
+        a, b = rep[0], pt[0]
+        why = shape_disagreement(a, b)
+        if why:
+            notes.append(f"replay and PyTorch ran different shapes ({why}): their times are not compared.")
+        fa, fb = a.get("flops_per_step"), b.get("flops_per_step")
+        if not why and fa and fb and abs(fa - fb) > 1e-9 * max(fa, fb):
+            notes.append(f"flops_per_step differs (replay {fa:.6g}, PyTorch {fb:.6g}): the FLOP formulas "
+                         "disagree, so TFLOP/s and MFU are not comparable across the tools; step times are.")
+    steps = {(tool, m): d["step_ms"].get("count") for (tool, m), d in runs.items()}
+    if len({v for v in steps.values() if v is not None}) > 1:
+        notes.append("Timed step counts differ: " + ", ".join(f"{t} {m} {v}" for (t, m), v in steps.items()) + ".")
+    return notes
+
+
+def _gib(v):
+    return fmt(v / 2**30, ".2f") if v is not None else "—"
+
+
+def _run_row(tool, mode, doc, basis):
+    label = f"{tool} {mode}"
+    if doc is None:
+        return [label] + [MISSING] + ["—"] * 10
+    s, g, mem = doc["step_ms"], doc.get("graphs_info") or {}, doc["memory"]
+    setup = "—"
+    if g.get("capture_ms") is not None:
+        setup = fmt(g["capture_ms"], ".1f") + (f" + {fmt(g['instantiate_ms'], '.1f')}"
+                                               if g.get("instantiate_ms") is not None else " + —")
+    graphs = f"{fmt(g.get('count'), '.0f')} / {fmt(g.get('nodes'), '.0f')}" if g else "—"
+    ratio = fmt(s["median"] / basis["step_ms"]["median"], ".3f") if basis is not None and tool == "replay" else "—"
+    host = doc.get("host_enqueue_us") or {}
+    return [label, fmt(s["median"], ".3f"), f"{fmt(s['p10'], '.3f')} / {fmt(s['p90'], '.3f')}", ratio,
+            fmt(host.get("median"), ".0f"), fmt(doc["throughput"].get("tokens_per_s"), ".0f"),
+            fmt(doc.get("model_tflops"), ".1f"), fmt(doc.get("mfu"), ".3f"), _gib(mem.get("peak_bytes")),
+            graphs, setup, f"`{doc['loss_hash']}`" if doc.get("loss_hash") else "—"]
+
+
+def section_workload(workload, preset, runs, delay_runs, plot_lines):
+    """One workload and preset: the runs side by side, the targets, notes, plots, host-delay table."""
+    header = ["run", "step ms (median)", "p10 / p90", "÷ PyTorch", "host enqueue µs", "tokens/s", "TFLOP/s",
+              "MFU", "peak GiB", "graphs / nodes", "capture + instantiate ms", "loss hash"]
+    rows = []
+    for tool in TOOLS:
+        for mode in MODES:
+            doc = runs.get((tool, mode))
+            if doc is None and tool == "pytorch" and mode == "layer":
+                continue  # PyTorch's baseline has no per-layer mode
+            basis = runs.get(("pytorch", "none" if mode == "none" else "full"))
+            rows.append(_run_row(tool, mode, doc, basis))
+    lines = [f"## {workload} {preset}", ""] + table(header, rows) + [""]
+    lines.append("÷ PyTorch: replay's median step time over PyTorch's, eager against eager and each graph mode "
+                 "against PyTorch's whole-step graph (below 1: replay is faster).")
+    lines.append("")
+    targets = workload_targets(runs)
+    trows = [[t["name"], fmt(t["value"], t["spec"]), _limit_text(t), t["status"] + (f": {t['note']}" if t["note"]
+                                                                                    else "")]
+             for t in targets]
+    lines += ["### Targets", ""] + table(["target", "value", "limit", "result"], trows) + [""]
+    notes = workload_notes(runs)
+    if notes:
+        lines += [f"- {n}" for n in notes] + [""]
+    lines += plot_lines
+    if delay_runs:
+        lines += section_host_delay(delay_runs)
+    return lines, targets
+
+
+def _limit_text(t):
+    if t["limit"] is None:
+        return "equal"
+    if t["name"].startswith("peak memory"):
+        return f"within {GRAPH_MEMORY_TOLERANCE:.0%}"
+    if t["name"].startswith("capture"):
+        return f"< {t['limit']:.0f}"
+    return f"<= {t['limit']:.2f}"
+
+
+def _delay_tools(runs):
+    """Tools with at least one run at a host delay above zero, and the modes each ran."""
+    tools = [t for t in TOOLS if any(k[0] == t and k[2] > 0 for k in runs)]
+    return {t: [m for m in MODES if any(k[0] == t and k[1] == m for k in runs)] for t in tools}
+
+
+def host_delay_points(runs):
+    """Speedup of each graph mode over eager, per tool that has host-delay runs, at each delay where both
+    were run: {(tool, mode): [(delay_us, eager ms / mode ms)]}, delays ascending."""
+    tools = _delay_tools(runs)
+    points = {}
+    for (tool, mode, delay), doc in sorted(runs.items(), key=lambda kv: kv[0][2]):
+        eager = runs.get((tool, "none", delay))
+        if tool in tools and mode != "none" and eager is not None:
+            points.setdefault((tool, mode), []).append((delay, _median(eager) / _median(doc)))
+    return points
+
+
+def section_host_delay(runs):
+    """Step times and graph speedups against simulated host delay (runs {(tool, mode, delay): doc})."""
+    delays = sorted({d for _, _, d in runs})
+    tools = _delay_tools(runs)
+    header, rows = ["host delay µs"], []
+    for tool, modes in tools.items():
+        header += [f"{tool} {m} ms" for m in modes]
+        header += [f"{tool} none / {m}" for m in modes if m != "none"]
+    for d in delays:
+        row = [fmt(d, "g")]
+        for tool, modes in tools.items():
+            docs = {m: runs.get((tool, m, d)) for m in modes}
+            row += [fmt(_median(docs[m]), ".3f") if docs[m] else MISSING for m in modes]
+            row += [fmt(_median(docs["none"]) / _median(docs[m]), ".2f") if docs.get("none") and docs[m] else "—"
+                    for m in modes if m != "none"]
+        rows.append(row)
+    return (["### Graphs against simulated host delay", "",
+             "`--host-delay-us N` adds N µs of host work to each eager kernel launch; none / mode above 1 means "
+             "the graph mode beats eager at that delay.", ""] + table(header, rows) + [""])
+
+
+def plot_step_times(runs, title, path):
+    """Median step time per mode, replay and PyTorch side by side, p10-p90 as error bars."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width, top = 0.38, 0.0
+    for i, (tool, colour) in enumerate((("replay", "tab:blue"), ("pytorch", "tab:orange"))):
+        labelled = False
+        for x, mode in enumerate(MODES):
+            doc = runs.get((tool, mode))
+            xpos = x + (i - 0.5) * width
+            if doc is None:
+                text = "n/a" if (tool, mode) == ("pytorch", "layer") else "missing"
+                ax.text(xpos, 0, text, ha="center", va="bottom", rotation=90, fontsize=8, color="gray")
+                continue
+            s = doc["step_ms"]
+            ax.bar(xpos, s["median"], width, color=colour, label=None if labelled else tool,
+                   yerr=[[s["median"] - s["p10"]], [s["p90"] - s["median"]]], capsize=3)
+            labelled = True
+            top = max(top, s["p90"])
+    ax.set_ylim(0, top * 1.2 if top else 1)  # room for the legend above the bars
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(loc="upper center", ncol=2)
+    ax.set_xticks(range(len(MODES)))
+    ax.set_xticklabels(["eager (none)", "per-layer graphs", "full-step graph"])
+    ax.set_ylabel("step time, ms (median; bars p10-p90)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_host_delay(points, title, path):
+    """Speedup of graphs over eager against simulated host delay, one line per tool and graph mode."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"layer": "--", "full": "-"}
+    colours = {"replay": "tab:blue", "pytorch": "tab:orange"}
+    for (tool, mode), pts in sorted(points.items()):
+        ax.plot(*zip(*pts), marker="o", linestyle=styles.get(mode, "-"), color=colours.get(tool),
+                label=f"{tool} {mode} graphs")
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("simulated host delay per eager kernel launch (µs)")
+    ax.set_ylabel("eager step time / graph step time")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if points:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def report_workloads(directory, out_dir):
+    """Writes out_dir/workloads_summary.md and, per workload and preset, <workload>_<preset>_step_time.png
+    and (with host-delay runs) <workload>_<preset>_host_delay.png. Returns (md path, {(workload, preset):
+    targets})."""
+    groups = load_workload_runs(directory)
+    os.makedirs(out_dir, exist_ok=True)
+    body, verdicts, files = [], {}, []
+    for (workload, preset), found in groups.items():
+        files += [name for name, _ in found.values()]
+        runs = {(tool, mode): doc for (tool, mode, delay), (_, doc) in found.items() if delay == 0}
+        delayed = {k: doc for k, (_, doc) in found.items()}
+        has_delay = any(k[2] > 0 for k in found)
+        stem = f"{workload}_{preset}"
+        plots = _plot_line(plot_step_times(runs, f"{workload} {preset}: step time",
+                                           os.path.join(out_dir, f"{stem}_step_time.png")),
+                           f"{stem}_step_time.png", "step time per mode")
+        if has_delay:
+            plots += _plot_line(plot_host_delay(host_delay_points(delayed),
+                                                f"{workload} {preset}: graphs against host delay",
+                                                os.path.join(out_dir, f"{stem}_host_delay.png")),
+                                f"{stem}_host_delay.png", "speedup against host delay")
+        lines, targets = section_workload(workload, preset, runs, delayed if has_delay else None, plots)
+        body += lines
+        verdicts[(workload, preset)] = targets
+    judged = [t for ts in verdicts.values() for t in ts]
+    met = sum(t["status"] == PASS for t in judged)
+    failed = [f"{w} {p}: {t['name']}" for (w, p), ts in verdicts.items() for t in ts if t["status"] == FAIL]
+    unjudged = len(judged) - met - len(failed)
+    head = ["# Workload runs: replay against PyTorch", "",
+            f"Inputs: {len(files)} runs in `{directory}`: " + ", ".join(f"`{n}`" for n in files) + ".", "",
+            "## Verdict", "", f"{met} of {len(judged)} targets met ({len(failed)} failed, {unjudged} not judged)."]
+    if failed:
+        head.append("Failed: " + "; ".join(failed) + ".")
+    head += [f"Targets: replay's full-step graph at most {FULL_GRAPH_TARGET:.2f}x PyTorch's graphed step time; "
+             f"replay eager at most {EAGER_TARGET:.2f}x PyTorch eager; replay's peak memory with graphs within "
+             f"{GRAPH_MEMORY_TOLERANCE:.0%} of eager; capture + instantiate under {CAPTURE_LIMIT_MS / 1000:g} s "
+             "per graph mode; identical loss hashes across replay's modes.", ""]
+    docs = {}
+    for found in groups.values():
+        for (tool, _, _), (_, doc) in found.items():
+            docs.setdefault(tool, doc)
+    lines = head + body + section_environment([(tool, docs[tool]) for tool in TOOLS if tool in docs])
+    md = os.path.join(out_dir, "workloads_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    return md, verdicts
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ops = sub.add_parser("ops", help="replay-ops against pytorch_baseline.py ops")
+    ops.add_argument("--replay", required=True, help="JSON from replay-ops --json")
+    ops.add_argument("--pytorch", required=True, help="JSON from scripts/pytorch_baseline.py ops --json")
+    ops.add_argument("--out", required=True, help="output directory")
+    ops.set_defaults(func=lambda a: report_ops(a.replay, a.pytorch, a.out)[0])
+    graphs = sub.add_parser("graphs", help="replay-graphs-bench launch costs and host-delay sweep")
+    graphs.add_argument("--json", required=True, help="JSON from replay-graphs-bench --json")
+    graphs.add_argument("--out", required=True, help="output directory")
+    graphs.set_defaults(func=lambda a: report_graphs(a.json, a.out)[0])
+    workloads = sub.add_parser("workloads", help="workload runs, replay against PyTorch, from every "
+                                                 "<tool>_<workload>_<preset>_<mode>.json in a directory")
+    workloads.add_argument("--dir", required=True, help="directory holding the runs' JSON")
+    workloads.add_argument("--out", default=None, help="output directory (default: --dir)")
+    workloads.set_defaults(func=lambda a: report_workloads(a.dir, a.out or a.dir)[0])
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        md = args.func(args)
+    except ReportError as e:
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

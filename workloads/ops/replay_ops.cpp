@@ -1,0 +1,467 @@
+// replay-ops: times the GEMMs and attention of the GPT-3 175B TP4 and Llama 3.1 405B TP8 shards and
+// replay's memory-bound kernels, against the bf16 GEMM rate and copy bandwidth measured at start-up.
+// Names, shapes and FLOP/byte formulas: reports/SCHEMA.md (scripts/pytorch_baseline.py ops times the
+// same GEMMs and attention through PyTorch under the same names).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/attention.h"
+#include "common/bench/peaks.h"
+#include "common/bench/timing.h"
+#include "common/context.h"
+#include "common/gemm.h"
+#include "common/kernels/activations.h"
+#include "common/kernels/cross_entropy.h"
+#include "common/kernels/dropout.h"
+#include "common/kernels/embedding.h"
+#include "common/kernels/init.h"
+#include "common/kernels/norms.h"
+#include "common/kernels/rope.h"
+#include "common/optim/adamw.h"
+#include "common/optim/grad_norm.h"
+
+namespace replay {
+namespace {
+
+using nlohmann::json;
+
+// The shards' dimensions (reports/SCHEMA.md, reference/workloads.md).
+struct Shard {
+  const char* name;
+  int64_t tokens;  // micro-batch 1 x sequence
+  int64_t hidden;
+  struct Linear {
+    const char* name;
+    int64_t out, in;
+  } linears[4];
+  int64_t q_heads, kv_heads, head_dim;
+};
+constexpr Shard kGpt3{"gpt3_175b_tp4", 2048, 12288,
+                      {{"qkv", 9216, 12288}, {"proj", 12288, 3072}, {"fc1", 12288, 12288}, {"fc2", 12288, 12288}},
+                      24, 24, 128};
+constexpr Shard kLlama{"llama31_405b_tp8", 8192, 16384,
+                       {{"qkv", 2304, 16384}, {"proj", 16384, 2048}, {"fc1", 13312, 16384}, {"fc2", 16384, 6656}},
+                       16, 1, 128};
+
+// One timed operation: declares its buffers, then fills its inputs, then runs.
+struct OpCase {
+  std::string name, kind;
+  json shape;
+  double flops = 0, bytes = 0;  // per call; 0 = not applicable
+  std::function<void(ArenaPlan&, Lifetime)> plan;
+  std::function<void(const Context&, const Arena&)> prepare;  // after the arena exists
+  std::function<void(cudaStream_t)> run;
+};
+
+// Shared state of a run: library plan caches and the workspaces every case uses.
+struct Shared {
+  Context& ctx;
+  GemmCache gemms;
+  AttentionCache attention;
+  BufferId gemm_workspace = -1, attention_workspace = -1;
+  explicit Shared(Context& c) : ctx(c), gemms(c) {}
+};
+
+void fill(const Context& ctx, const Arena& arena, BufferId id, DType t, uint64_t stream_id,
+          float stddev = 1.0f) {
+  const int64_t n = static_cast<int64_t>(arena.bytes(id) / dtype_size(t));
+  init_normal(TensorView(arena.data(id), t, {n}), 2024, stream_id, 0.0f, stddev, ctx.stream());
+}
+
+// The three GEMMs of one linear layer, as SCHEMA.md names them.
+void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
+  for (const auto& lin : s.linears) {
+    LinearGemms g = linear_gemms(s.tokens, lin.in, lin.out, false, false);
+    g.wgrad.d_type = DType::kBF16;  // as torch's dy.t() @ x produces
+    const std::pair<const char*, GemmDesc> forms[] = {{"fwd", g.forward}, {"dgrad", g.dgrad}, {"wgrad", g.wgrad}};
+    for (const auto& [dir, desc] : forms) {
+      auto ids = std::make_shared<std::array<BufferId, 3>>();
+      GemmPlan* plan = &sh.gemms.get(desc);
+      OpCase c;
+      c.name = std::string(s.name) + "." + lin.name + "." + dir;
+      c.kind = "gemm";
+      c.shape = {{"m", desc.m}, {"n", desc.n}, {"k", desc.k}};
+      c.flops = 2.0 * desc.m * desc.n * desc.k;
+      c.plan = [=](ArenaPlan& p, Lifetime life) {
+        (*ids)[0] = p.add(c.name + ".a", DType::kBF16, desc.m * desc.k, "ops", life);
+        (*ids)[1] = p.add(c.name + ".b", DType::kBF16, desc.n * desc.k, "ops", life);
+        (*ids)[2] = p.add(c.name + ".d", DType::kBF16, desc.m * desc.n, "ops", life);
+      };
+      auto args = std::make_shared<GemmArgs>();
+      c.prepare = [=, &sh](const Context& ctx, const Arena& a) {
+        fill(ctx, a, (*ids)[0], DType::kBF16, 1);
+        fill(ctx, a, (*ids)[1], DType::kBF16, 2);
+        args->a = a.data((*ids)[0]);
+        args->b = a.data((*ids)[1]);
+        args->d = a.data((*ids)[2]);
+        args->workspace = a.data(sh.gemm_workspace);
+        args->workspace_bytes = a.bytes(sh.gemm_workspace);
+      };
+      c.run = [=](cudaStream_t st) { plan->run(st, *args); };
+      cases.push_back(std::move(c));
+    }
+  }
+}
+
+// Attention forward alone, and forward then backward.
+void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
+  AttentionDesc d;
+  d.batch = 1;
+  d.heads_q = s.q_heads;
+  d.heads_kv = s.kv_heads;
+  d.seq_q = s.tokens;
+  d.head_dim_qk = s.head_dim;
+  d.causal = true;
+  const AttentionPlan* plan = &sh.attention.get(sh.ctx, d);
+  const double fwd_flops = 4.0 * d.batch * d.heads_q * double(d.seq_q) * d.seq_q * d.head_dim_qk / 2;
+  for (bool backward : {false, true}) {
+    auto ids = std::make_shared<std::array<BufferId, 9>>();
+    OpCase c;
+    c.name = std::string(s.name) + ".attention." + (backward ? "fwd_bwd" : "fwd");
+    c.kind = "attention";
+    c.shape = {{"batch", d.batch}, {"q_heads", d.heads_q}, {"kv_heads", d.heads_kv}, {"seq", d.seq_q},
+               {"head_dim", d.head_dim_qk}};
+    c.flops = backward ? 3.5 * fwd_flops : fwd_flops;
+    const int64_t q = d.batch * d.seq_q * d.heads_q * d.head_dim_qk;
+    const int64_t kv = d.batch * d.seq_q * d.heads_kv * d.head_dim_qk;
+    c.plan = [=](ArenaPlan& p, Lifetime life) {
+      const char* names[9] = {"q", "k", "v", "o", "stats", "do", "dq", "dk", "dv"};
+      const int64_t sizes[9] = {q, kv, kv, q, d.batch * d.heads_q * d.seq_q, q, q, kv, kv};
+      for (int i = 0; i < 9; ++i)
+        (*ids)[i] = p.add(c.name + "." + names[i], i == 4 ? DType::kFP32 : DType::kBF16, sizes[i], "ops", life);
+    };
+    auto io = std::make_shared<AttentionIO>();
+    auto grads = std::make_shared<AttentionGrads>();
+    auto ws = std::make_shared<std::pair<void*, size_t>>();
+    c.prepare = [=, &sh](const Context& ctx, const Arena& a) {
+      for (int i : {0, 1, 2, 5}) fill(ctx, a, (*ids)[i], DType::kBF16, 10 + i);
+      *io = AttentionIO{a.data((*ids)[0]), a.data((*ids)[1]), a.data((*ids)[2]), a.data((*ids)[3]),
+                        a.as<float>((*ids)[4])};
+      *grads = AttentionGrads{a.data((*ids)[5]), a.data((*ids)[6]), a.data((*ids)[7]), a.data((*ids)[8])};
+      *ws = {a.data(sh.attention_workspace), a.bytes(sh.attention_workspace)};
+    };
+    const Context* ctx = &sh.ctx;
+    c.run = [=](cudaStream_t st) {
+      plan->forward(*ctx, st, *io, RngArgs{}, ws->first, ws->second);
+      if (backward) plan->backward(*ctx, st, *io, *grads, RngArgs{}, ws->first, ws->second);
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
+// A memory-bound kernel case: `buffers` are (name, dtype, elements); `inputs` the indices filled with
+// random values; `setup` (optional) runs once after that, before timing.
+using KernelBody = std::function<void(const Arena&, const std::vector<BufferId>&, cudaStream_t)>;
+OpCase kernel_case(std::string name, json shape, double bytes,
+                   std::vector<std::tuple<std::string, DType, int64_t>> buffers, std::vector<int> inputs,
+                   KernelBody body, KernelBody setup = nullptr) {
+  auto ids = std::make_shared<std::vector<BufferId>>();
+  OpCase c;
+  c.name = std::move(name);
+  c.kind = "kernel";
+  c.shape = std::move(shape);
+  c.bytes = bytes;
+  c.plan = [=](ArenaPlan& p, Lifetime life) {
+    ids->clear();
+    for (const auto& [n, t, count] : buffers) ids->push_back(p.add(c.name + "." + n, t, count, "ops", life));
+  };
+  auto arena = std::make_shared<const Arena*>();
+  c.prepare = [=](const Context& ctx, const Arena& a) {
+    *arena = &a;
+    for (int i : inputs) fill(ctx, a, (*ids)[i], std::get<1>(buffers[i]), 100 + i, 0.5f);
+    if (setup) setup(a, *ids, ctx.stream());
+  };
+  c.run = [=](cudaStream_t st) { body(**arena, *ids, st); };
+  return c;
+}
+
+// Writes host values into a device buffer at set-up.
+template <typename T>
+void upload(void* dst, std::initializer_list<T> values, cudaStream_t s) {
+  std::vector<T> v(values);
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+template <typename T>
+T* ptr(const Arena& a, const std::vector<BufferId>& ids, int i) {
+  return a.as<T>(ids[i]);
+}
+using bf16 = __nv_bfloat16;
+
+void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
+  const int64_t M = kGpt3.tokens, C = kGpt3.hidden;  // 2048 x 12288
+  const double mc = double(M) * C;
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.layernorm.fwd", {{"rows", M}, {"channels", C}}, 4 * mc + 4 * C + 8 * M,
+      {{"x", DType::kBF16, M * C}, {"gamma", DType::kBF16, C}, {"beta", DType::kBF16, C},
+       {"out", DType::kBF16, M * C}, {"mean", DType::kFP32, M}, {"rstd", DType::kFP32, M}},
+      {0, 1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        layernorm_forward(ptr<bf16>(a, id, 3), ptr<float>(a, id, 4), ptr<float>(a, id, 5), ptr<bf16>(a, id, 0),
+                          ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 2), M, C, 1e-5f, s);
+      }));
+  const size_t ln_ws = layernorm_backward_workspace_bytes(M, C);
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.layernorm.bwd", {{"rows", M}, {"channels", C}}, 6 * mc + 2 * C + 8 * M + 8 * C,
+      {{"dout", DType::kBF16, M * C}, {"x", DType::kBF16, M * C}, {"gamma", DType::kBF16, C},
+       {"mean", DType::kFP32, M}, {"rstd", DType::kFP32, M}, {"dx", DType::kBF16, M * C},
+       {"dgamma", DType::kFP32, C}, {"dbeta", DType::kFP32, C}, {"ws", DType::kUINT8, int64_t(ln_ws)}},
+      {0, 1, 2, 3, 4}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        layernorm_backward(ptr<bf16>(a, id, 5), ptr<float>(a, id, 6), ptr<float>(a, id, 7), ptr<bf16>(a, id, 0),
+                           ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 2), ptr<float>(a, id, 3), ptr<float>(a, id, 4),
+                           M, C, false, false, a.data(id[8]), ln_ws, s);
+      }));
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.dropout_residual.fwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 6 * mc + 2 * C,
+      {{"x", DType::kBF16, M * C}, {"bias", DType::kBF16, C}, {"residual", DType::kBF16, M * C},
+       {"out", DType::kBF16, M * C}, {"slot", DType::kINT64, 2}},
+      {0, 1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        dropout_residual_forward(ptr<bf16>(a, id, 3), ptr<bf16>(a, id, 0), ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 2),
+                                 M, C, 0.1f, RngArgs{a.as<PhiloxSlot>(id[4]), 0}, s);
+      }));
+  const size_t dr_ws = dropout_residual_backward_workspace_bytes(M, C);
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.dropout_residual.bwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 4 * mc + 4 * C,
+      {{"dout", DType::kBF16, M * C}, {"dx", DType::kBF16, M * C}, {"dbias", DType::kFP32, C},
+       {"slot", DType::kINT64, 2}, {"ws", DType::kUINT8, int64_t(dr_ws)}},
+      {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        dropout_residual_backward(ptr<bf16>(a, id, 1), ptr<float>(a, id, 2), ptr<bf16>(a, id, 0), M, C, 0.1f,
+                                  RngArgs{a.as<PhiloxSlot>(id[3]), 0}, false, a.data(id[4]), dr_ws, s);
+      }));
+  const int64_t V = 50304 / 4;  // GPT-3's padded vocabulary, one TP4 shard
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.cross_entropy.fwd", {{"rows", M}, {"vocab_shard", V}}, 2.0 * M * V + 4 * M,
+      {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
+       {"row_loss", DType::kFP32, M}, {"loss", DType::kFP32, 1}, {"count", DType::kINT32, 1}},
+      {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        cross_entropy_stats(ptr<float>(a, id, 2), ptr<bf16>(a, id, 0), ptr<int32_t>(a, id, 1), {M, V, 0}, s);
+        cross_entropy_loss(ptr<float>(a, id, 3), ptr<float>(a, id, 4), ptr<int32_t>(a, id, 5), ptr<float>(a, id, 2),
+                           ptr<int32_t>(a, id, 1), M, s);
+      }));
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.cross_entropy.bwd", {{"rows", M}, {"vocab_shard", V}}, 4.0 * M * V,
+      {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
+       {"dlogits", DType::kBF16, M * V}, {"count", DType::kINT32, 1}, {"dloss", DType::kFP32, 1}},
+      {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        cross_entropy_backward(ptr<bf16>(a, id, 3), ptr<bf16>(a, id, 0), ptr<float>(a, id, 2), ptr<int32_t>(a, id, 1),
+                               ptr<int32_t>(a, id, 4), ptr<float>(a, id, 5), {M, V, 0}, s);
+      }));
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.embedding.fwd", {{"tokens", M}, {"channels", C}, {"vocab_shard", V}}, 6 * mc + 4 * M,
+      {{"tokens", DType::kINT32, M}, {"wte", DType::kBF16, V * C}, {"wpe", DType::kBF16, M * C},
+       {"out", DType::kBF16, M * C}},
+      {1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        embedding_forward(ptr<bf16>(a, id, 3), ptr<int32_t>(a, id, 0), ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 2),
+                          {1, M, C, 0, V}, s);
+      }));
+
+  // Llama 3.1 405B TP8: RMSNorm at width 16384, SwiGLU over the fused gate+up output, RoPE on q and k.
+  const int64_t L = kLlama.tokens, H = kLlama.hidden, F = 53248 / 8;
+  const double lh = double(L) * H;
+  cases.push_back(kernel_case(
+      "llama31_405b_tp8.rmsnorm.fwd", {{"rows", L}, {"channels", H}}, 4 * lh + 2 * H + 4 * L,
+      {{"x", DType::kBF16, L * H}, {"gamma", DType::kBF16, H}, {"out", DType::kBF16, L * H}, {"rstd", DType::kFP32, L}},
+      {0, 1}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        rmsnorm_forward(ptr<bf16>(a, id, 2), ptr<float>(a, id, 3), ptr<bf16>(a, id, 0), ptr<bf16>(a, id, 1), L, H,
+                        1e-5f, s);
+      }));
+  const size_t rms_ws = rmsnorm_backward_workspace_bytes(L, H);
+  cases.push_back(kernel_case(
+      "llama31_405b_tp8.rmsnorm.bwd", {{"rows", L}, {"channels", H}}, 6 * lh + 2 * H + 4 * L + 4 * H,
+      {{"dout", DType::kBF16, L * H}, {"x", DType::kBF16, L * H}, {"gamma", DType::kBF16, H},
+       {"rstd", DType::kFP32, L}, {"dx", DType::kBF16, L * H}, {"dgamma", DType::kFP32, H},
+       {"ws", DType::kUINT8, int64_t(rms_ws)}},
+      {0, 1, 2, 3}, [=](const Arena& a, const auto& id, cudaStream_t s) {
+        rmsnorm_backward(ptr<bf16>(a, id, 4), ptr<float>(a, id, 5), ptr<bf16>(a, id, 0), ptr<bf16>(a, id, 1),
+                         ptr<bf16>(a, id, 2), ptr<float>(a, id, 3), L, H, false, false, a.data(id[6]), rms_ws, s);
+      }));
+  const double lf = double(L) * F;
+  cases.push_back(kernel_case(
+      "llama31_405b_tp8.swiglu.fwd", {{"rows", L}, {"ffn", F}}, 6 * lf,
+      {{"in", DType::kBF16, 2 * L * F}, {"out", DType::kBF16, L * F}}, {0},
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        swiglu_forward(ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 0), L, F, s);
+      }));
+  cases.push_back(kernel_case(
+      "llama31_405b_tp8.swiglu.bwd", {{"rows", L}, {"ffn", F}}, 10 * lf,
+      {{"in", DType::kBF16, 2 * L * F}, {"dout", DType::kBF16, L * F}, {"din", DType::kBF16, 2 * L * F}}, {0, 1},
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        swiglu_backward(ptr<bf16>(a, id, 2), ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 0), L, F, s);
+      }));
+  // RoPE in place on the 16 q heads and the k head of the fused QKV output (18 heads of 128 per token).
+  const int rope_heads = 17, qkv_row = 18 * 128;
+  const double rope_bytes = 2.0 * 2 * L * rope_heads * 128;
+  cases.push_back(kernel_case(
+      "llama31_405b_tp8.rope.fwd", {{"tokens", L}, {"heads", rope_heads}, {"head_dim", 128}}, rope_bytes,
+      {{"qkv", DType::kBF16, L * qkv_row}, {"table", DType::kFP32, 2 * L * 64}}, {0},
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        RopeLayout layout{1, L, rope_heads, 128, 128, 0, qkv_row};
+        rope_forward(ptr<bf16>(a, id, 0), ptr<bf16>(a, id, 0), a.as<float2>(id[1]), int(L), nullptr, layout, s);
+      },
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        rope_build_table(a.as<float2>(id[1]), int(L), 128, 500000.0, RopeScaling::llama31(), s);
+      }));
+
+  // AdamW and the gradient norm over one GPT-3 TP4 layer's parameters (about 453M).
+  std::vector<int64_t> sizes;
+  for (const auto& lin : kGpt3.linears) sizes.insert(sizes.end(), {lin.out * lin.in, lin.out});
+  sizes.insert(sizes.end(), {C, C, C, C});
+  int64_t total = 0, params = 0;  // total: each tensor padded to 8 elements (16-byte aligned fp32)
+  for (int64_t n : sizes) {
+    total += (n + 7) / 8 * 8;
+    params += n;
+  }
+  auto adam_table = std::make_shared<AdamWTable>();
+  auto norm_table = std::make_shared<GradNormTable>();
+  // Table sizes for the plan; the tables themselves are built once the arena exists.
+  const int64_t adam_table_bytes = int64_t(MultiTensorBuilder<AdamWTensor>::device_bytes_for(sizes));
+  const int64_t norm_table_bytes = int64_t(MultiTensorBuilder<GradNormTensor>::device_bytes_for(sizes));
+  // Reads master, grad, m, v (16 bytes a parameter); writes master, m, v (12) and the bf16 copy (2).
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.adamw.step", {{"params", params}, {"tensors", sizes.size()}}, 30.0 * params,
+      {{"master", DType::kFP32, total}, {"model", DType::kBF16, total}, {"grad", DType::kFP32, total},
+       {"m", DType::kFP32, total}, {"v", DType::kFP32, total}, {"table", DType::kUINT8, adam_table_bytes},
+       {"lr", DType::kFP32, 1}, {"step", DType::kINT64, 1}},
+      {0, 2, 3},
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        adamw_step(*adam_table, AdamWHyper{0.9f, 0.95f, 1e-8f, 0.1f}, ptr<float>(a, id, 6), ptr<int64_t>(a, id, 7),
+                   nullptr, nullptr, s);
+      },
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        init_constant(a.view(id[4], DType::kFP32, {total}), 1e-4f, s);  // v > 0
+        AdamWTableBuilder b;
+        int64_t off = 0;
+        for (int64_t n : sizes) {
+          b.add(ptr<float>(a, id, 0) + off, ptr<bf16>(a, id, 1) + off, ptr<float>(a, id, 2) + off,
+                ptr<float>(a, id, 3) + off, ptr<float>(a, id, 4) + off, n, true);
+          off += (n + 7) / 8 * 8;  // keep every tensor 16-byte aligned (buffers have slack below)
+        }
+        *adam_table = b.build(a.data(id[5]), a.bytes(id[5]), s);
+        upload<float>(a.data(id[6]), {1e-4f}, s);
+        upload<int64_t>(a.data(id[7]), {1}, s);
+      }));
+  GradNormTable norm_shape;  // the workspace depends on the chunk count only
+  norm_shape.num_chunks = int(MultiTensorBuilder<GradNormTensor>::chunk_count(sizes));
+  const size_t norm_ws = grad_norm_workspace_bytes(norm_shape);
+  cases.push_back(kernel_case(
+      "gpt3_175b_tp4.grad_norm", {{"params", params}, {"tensors", sizes.size()}}, 4.0 * params,
+      {{"grad", DType::kFP32, total}, {"table", DType::kUINT8, norm_table_bytes},
+       {"ws", DType::kUINT8, int64_t(norm_ws)}, {"out", DType::kFP32, 4}},
+      {0},
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        float* out = ptr<float>(a, id, 3);
+        grad_norm(*norm_table, 1.0f, nullptr, out, out + 1, reinterpret_cast<int32_t*>(out + 2), a.data(id[2]),
+                  norm_ws, s);
+      },
+      [=](const Arena& a, const auto& id, cudaStream_t s) {
+        GradNormTableBuilder b;
+        int64_t off = 0;
+        for (int64_t n : sizes) {
+          b.add(ptr<float>(a, id, 0) + off, n);
+          off += (n + 7) / 8 * 8;
+        }
+        *norm_table = b.build(a.data(id[1]), a.bytes(id[1]), s);
+      }));
+}
+
+void print_row(const OpCase& c, const bench::Stats& st, double frac) {
+  const double rate = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : c.bytes / (st.median * 1e-3) / 1e9;
+  std::printf("%-40s %10.3f %10.3f %10.3f %10.1f %-6s %6.1f%%\n", c.name.c_str(), st.median, st.p10, st.p90, rate,
+              c.flops > 0 ? "TF/s" : "GB/s", 100.0 * frac);
+  std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"replay-ops: GEMM, attention and kernel throughput on the MLPerf shard shapes"};
+  int warmup = 10, repeats = 50, device = 0;
+  std::string json_path, only;
+  app.add_option("--warmup", warmup, "untimed calls before timing")->check(CLI::NonNegativeNumber);
+  app.add_option("--repeats", repeats, "timed calls (median, p10, p90 reported)")->check(CLI::PositiveNumber);
+  app.add_option("--json", json_path, "write the results here (reports/SCHEMA.md)");
+  app.add_option("--only", only, "time only the ops whose name matches this regular expression");
+  app.add_option("--device", device, "CUDA device ordinal");
+  CLI11_PARSE(app, argc, argv);
+  std::regex filter(only.empty() ? ".*" : only);
+
+  Context ctx(device);
+  const EnvironmentReport env = ctx.environment();
+  std::printf("# replay-ops\n%s", env.to_text().c_str());
+
+  Shared sh(ctx);
+  std::vector<OpCase> cases;
+  add_gemm_cases(cases, sh, kGpt3);
+  add_gemm_cases(cases, sh, kLlama);
+  add_attention_cases(cases, sh, kGpt3);
+  add_attention_cases(cases, sh, kLlama);
+  add_kernel_cases(cases, ctx);
+  cases.erase(std::remove_if(cases.begin(), cases.end(),
+                             [&](const OpCase& c) { return !std::regex_search(c.name, filter); }),
+              cases.end());
+  REPLAY_REQUIRE(!cases.empty(), "--only '" + only + "' matches no op");
+
+  // Phase 0 is the peak measurement; case i lives in phase i + 1, so all share memory.
+  ArenaPlan plan;
+  const bench::PeakBuffers peak_buffers = bench::plan_peak_buffers(plan, true, {0, 0});
+  sh.gemm_workspace = plan.add("gemm.workspace", std::max<size_t>(sh.gemms.max_workspace_bytes(), 256), "workspace");
+  sh.attention_workspace =
+      plan.add("attention.workspace", std::max<size_t>(sh.attention.max_workspace_bytes(), 256), "workspace");
+  for (size_t i = 0; i < cases.size(); ++i) cases[i].plan(plan, {int(i) + 1, int(i) + 1});
+  Arena& arena = ctx.create_arena(std::move(plan));
+  std::printf("%s", arena.table().c_str());
+
+  const bench::Peaks peaks = bench::measure_peaks(ctx, arena, peak_buffers);
+  std::printf("# peaks: bf16 GEMM %.1f TFLOP/s, device copy %.1f GB/s\n", peaks.bf16_gemm_tflops, peaks.copy_gbps);
+  std::printf("%-40s %10s %10s %10s %10s %-6s %7s\n", "op", "median ms", "p10 ms", "p90 ms", "rate", "", "peak");
+
+  json results = json::array();
+  for (OpCase& c : cases) {
+    c.prepare(ctx, arena);
+    const bench::Stats st = bench::summarize(bench::time_repeats(ctx.stream(), warmup, repeats, c.run));
+    const double tflops = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : 0;
+    const double gbps = c.bytes > 0 ? c.bytes / (st.median * 1e-3) / 1e9 : 0;
+    const double frac = c.flops > 0 ? tflops / peaks.bf16_gemm_tflops : gbps / peaks.copy_gbps;
+    print_row(c, st, frac);
+    results.push_back({{"name", c.name}, {"kind", c.kind}, {"shape", c.shape}, {"dtype", "bf16"},
+                       {"median_ms", st.median}, {"p10_ms", st.p10}, {"p90_ms", st.p90},
+                       {"flops", c.flops > 0 ? json(c.flops) : json(nullptr)},
+                       {"bytes", c.bytes > 0 ? json(c.bytes) : json(nullptr)},
+                       {"tflops", c.flops > 0 ? json(tflops) : json(nullptr)},
+                       {"gbps", c.bytes > 0 ? json(gbps) : json(nullptr)}, {"fraction_of_peak", frac}});
+  }
+
+  if (!json_path.empty()) {
+    json env_json = json::object();
+    for (const auto& [k, v] : env.fields) env_json[k] = v;
+    json out = {{"tool", "replay-ops"},
+                {"version", REPLAY_VERSION},
+                {"environment", env_json},
+                {"protocol", {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"}}},
+                {"peaks", {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}}},
+                {"results", results}};
+    const std::string tmp = json_path + ".tmp";
+    std::ofstream(tmp) << out.dump(2) << "\n";
+    REPLAY_REQUIRE(std::rename(tmp.c_str(), json_path.c_str()) == 0, "cannot write " + json_path);
+    std::printf("# wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace replay
+
+int main(int argc, char** argv) {
+  try {
+    return replay::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "replay-ops: %s\n", e.what());
+    return 1;
+  }
+}
