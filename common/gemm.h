@@ -284,6 +284,7 @@ class GemmCache {
   size_t size() const { return plans_.size(); }
   // The workspace to reserve in the arena: the largest requirement over all plans built so far.
   size_t max_workspace_bytes() const;
+  const GemmOptions& options() const { return options_; }
 
  private:
   cublasLtHandle_t handle_ = nullptr;

@@ -180,17 +180,21 @@ GPT3_PRESETS = {
                  "data_vocab": 50257, "tp": 8, "model_layers": 96},
 }
 
-# The vocabulary is padded to a multiple of this (50257 -> 50304) and split evenly over the TP ranks.
+# The vocabulary is padded to a multiple of this (50257 -> 50304) and split evenly over the TP ranks, as in
+# SCHEMA.md's example (vocab 50304, vocab_shard 12576 at TP4). Megatron pads to a multiple of 128 x TP
+# instead (50688 at TP4, 51200 at TP8); whichever replay-gpt3 uses, this must match it.
 VOCAB_PAD_MULTIPLE = 128
 
-# Bytes of training state per parameter that the default layer count budgets for, as replay counts them:
+# Bytes of training state per parameter that the default layer count budgets for, as replay counts them
+# (DESIGN.md: fp32 masters, bf16 storage):
 # fp32 master (4), bf16 parameter (2), fp32 gradient (4), Adam m and v (4 + 4). PyTorch's autograd also
 # makes a bf16 gradient per parameter; the baseline frees each one as soon as it is copied to its fp32
 # master gradient (a post-accumulate-grad hook), so it holds 18 bytes per parameter plus one bf16
 # gradient at a time, like replay.
 STATE_BYTES_PER_PARAM = 18
 # What the training state may take of an 80 GB H100 (80 GiB): three quarters; the rest is left for
-# activations, logits, library workspaces and the allocator's slack. 175b-tp4 -> 7 layers, 175b-tp8 -> 15.
+# activations, logits, library workspaces and the allocator's slack. 175b-tp4 -> 7 layers (SCHEMA.md's
+# example), 175b-tp8 -> 15. replay-gpt3's default must come from the same budget, so both run one shard.
 STATE_BUDGET_BYTES = 60 * 2**30
 
 # MLPerf GPT-3 optimizer (reference/workloads.md): Adam with decoupled weight decay (not applied to biases
@@ -490,16 +494,14 @@ def torch_settings():
 
 
 def measure_gemm_peak(timer):
-    """bf16 GEMM peak in TFLOP/s: an 8192^3 x @ w^T, as replay's peaks.h."""
+    """bf16 GEMM peak in TFLOP/s: an 8192^3 x @ w^T, as replay's peaks.h. Its buffers are free when it
+    returns (torch.cuda.empty_cache gives them back to the device)."""
     import torch
     n = PEAK_GEMM_SIZE
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
+    bt = torch.randn(n, n, dtype=torch.bfloat16, device="cuda").t()
     c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
-    bt = b.t()
     ms = percentile(timer.time(lambda: torch.matmul(a, bt, out=c)), 50)
-    del a, b, c, bt
-    torch.cuda.empty_cache()
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
 
 
@@ -509,13 +511,17 @@ def measure_copy_peak(timer):
     src = torch.randn(PEAK_COPY_BYTES // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     ms = percentile(timer.time(lambda: dst.copy_(src)), 50)
-    del src, dst
-    torch.cuda.empty_cache()
     return 2.0 * PEAK_COPY_BYTES / (ms * 1e-3) / 1e9
 
 
 def measure_peaks(timer):
-    return {"bf16_gemm_tflops": measure_gemm_peak(timer), "copy_gbps": measure_copy_peak(timer)}
+    """bf16 GEMM peak and copy bandwidth (SCHEMA.md `peaks`), each measurement's buffers released after it."""
+    import torch
+    gemm = measure_gemm_peak(timer)
+    torch.cuda.empty_cache()
+    copy = measure_copy_peak(timer)
+    torch.cuda.empty_cache()
+    return {"bf16_gemm_tflops": gemm, "copy_gbps": copy}
 
 
 def time_gemms(timer, M, N, K, directions):
@@ -550,27 +556,35 @@ def _backend_name(q, k, v, gqa):
 
 
 def time_attention(timer, shape, direction, backend):
-    """Times causal SDPA on [B, H, S, D] inputs, forward alone or forward+backward (autograd.grad on q, k, v
-    with a random grad_output). backend None is the default selection; otherwise the ATTENTION_BACKENDS key
-    forced through sdpa_kernel. Returns (times_ms or None, backend name, note)."""
+    """Times causal SDPA, forward alone or forward+backward (autograd.grad with a random grad_output), on
+    q, k, v laid out as a transformer feeds them: views [B, H, S, D] into one token-major QKV tensor
+    [B, S, Hq + 2 Hkv, D], what the QKV linear layer produces (and what replay-ops gives cuDNN). A
+    contiguous [B, H, S, D] copy would cost PyTorch a transpose kernel per tensor that this timing would
+    not count. backend None is the default selection; otherwise the ATTENTION_BACKENDS key forced through
+    sdpa_kernel. Returns (times_ms or None, backend name, note)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, S, D = (shape[k] for k in ("batch", "q_heads", "kv_heads", "seq", "head_dim"))
     gqa = Hkv != Hq
     bf16 = dict(dtype=torch.bfloat16, device="cuda")
-    # The inputs require grad in both directions, so the forward is the training forward (it keeps the
-    # softmax statistics the backward needs), as in a training step.
-    q = torch.randn(B, Hq, S, D, **bf16).requires_grad_()
-    k = torch.randn(B, Hkv, S, D, **bf16).requires_grad_()
-    v = torch.randn(B, Hkv, S, D, **bf16).requires_grad_()
+    # The fused tensor requires grad, so the forward is the training forward (it keeps the softmax
+    # statistics the backward needs), as in a training step.
+    qkv = torch.randn(B, S, Hq + 2 * Hkv, D, **bf16).requires_grad_()
     dout = torch.randn(B, Hq, S, D, **bf16)
 
+    def views():
+        return (qkv[:, :, :Hq].transpose(1, 2), qkv[:, :, Hq:Hq + Hkv].transpose(1, 2),
+                qkv[:, :, Hq + Hkv:].transpose(1, 2))
+
+    q, k, v = views()
+
     def fwd():
+        q, k, v = views()
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
     def fwd_bwd():
-        torch.autograd.grad(fwd(), (q, k, v), grad_outputs=dout)
+        torch.autograd.grad(fwd(), (qkv,), grad_outputs=dout)
 
     fn = fwd if direction == "fwd" else fwd_bwd
     if backend is None:
@@ -757,9 +771,14 @@ def capture_step(trainer, static_tokens):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved()
-    with torch.cuda.graph(graph):
-        t0 = time.perf_counter()
-        outputs = trainer.step(static_tokens)
+    try:
+        with torch.cuda.graph(graph):
+            t0 = time.perf_counter()
+            outputs = trainer.step(static_tokens)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except RuntimeError as e:
+        raise BaselineError(f"capturing the training step failed: {str(e).splitlines()[0]}") from e
     capture_ms = (time.perf_counter() - t0) * 1e3
     nodes = instantiate_ms = None
     if keep:
@@ -798,7 +817,8 @@ def run_gpt3(args, cfg, layers):
     env, settings = environment(), torch_settings()
     peak = measure_gemm_peak(Timer(5, 20))
     progress(f"pytorch_baseline gpt3 {args.preset}: torch {env['torch']}, {env['gpu']}; graphs {args.graphs}, "
-             f"layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}x{cfg['head_dim']}, ffn {cfg['ffn']}, "
+             f"layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}x{cfg['head_dim']}, "
+             f"ffn {cfg['ffn']}, "
              f"seq {cfg['seq']}, micro-batch {cfg['micro_batch']}, vocab shard {cfg['vocab_shard']} of "
              f"{cfg['vocab']}, {gpt3_params(cfg, layers) / 1e6:.1f}M parameters; steps {args.steps}, "
              f"warmup {args.warmup}, seed {args.seed}, data {args.data or 'random tokens'}; "
@@ -809,8 +829,9 @@ def run_gpt3(args, cfg, layers):
         model = GPT3Shard(cfg, layers).to(torch.bfloat16)
     trainer = MixedPrecisionTrainer(model, GPT3_OPTIMIZER)
     static_tokens = torch.empty(tokens.shape[1:], dtype=tokens.dtype, device="cuda")
+    # The SDPA backend torch picks for the model's q, k, v (views of the QKV output that need grads).
     qkv = torch.empty(cfg["micro_batch"], cfg["seq"], 3, cfg["heads"], cfg["head_dim"], dtype=torch.bfloat16,
-                      device="cuda").permute(2, 0, 3, 1, 4)
+                      device="cuda", requires_grad=True).permute(2, 0, 3, 1, 4)
     backend = _backend_name(qkv[0], qkv[1], qkv[2], False)
     del qkv
     torch.cuda.synchronize()
@@ -831,8 +852,8 @@ def run_gpt3(args, cfg, layers):
                 trainer.step(static_tokens)
         torch.cuda.current_stream().wait_stream(side)
         graph, (static_loss, _), graphs_info, pool_bytes = capture_step(trainer, static_tokens)
-        progress(f"captured the step: {graphs_info['nodes']} nodes, capture {graphs_info['capture_ms']:.1f} ms, "
-                 f"instantiate {fmt_ms(graphs_info['instantiate_ms'])} ms")
+        progress(f"captured the step: {graphs_info['nodes']} nodes, capture "
+                 f"{graphs_info['capture_ms']:.1f} ms, instantiate {fmt_ms(graphs_info['instantiate_ms'])} ms")
     else:
         for i in range(args.warmup):
             load(i)
@@ -900,11 +921,11 @@ def cmd_gpt3(args):
     except torch.cuda.OutOfMemoryError as e:
         raise BaselineError(f"out of GPU memory with {layers} layers ({str(e).splitlines()[0]}); "
                             f"try a smaller --layers") from None
-    s, t = doc["step_ms"], doc["throughput"]
+    s, t, mem = doc["step_ms"], doc["throughput"], doc["memory"]
     progress(f"step {s['median']:.3f} ms median (p10 {s['p10']:.3f}, p90 {s['p90']:.3f}), "
              f"host enqueue {doc['host_enqueue_us']['median']:.0f} us, {t['tokens_per_s']:.0f} tokens/s, "
              f"{doc['model_tflops']:.1f} TFLOP/s, MFU {doc['mfu']:.3f}, peak memory "
-             f"{doc['memory']['peak_bytes'] / 2**30:.2f} GiB (reserved {doc['memory']['reserved_bytes'] / 2**30:.2f}); "
+             f"{mem['peak_bytes'] / 2**30:.2f} GiB (reserved {mem['reserved_bytes'] / 2**30:.2f}); "
              f"loss {doc['losses'][0]:.4f} -> {doc['losses'][-1]:.4f}"
              + (f" (floor {doc['loss_floor']:.4f})" if doc["loss_floor"] is not None else "")
              + f", hash {doc['loss_hash']}")

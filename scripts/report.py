@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """report.py: markdown tables and plots from the JSON that replay's benchmarks write (reports/SCHEMA.md).
 
-    python3 scripts/report.py ops --replay replay_ops.json --pytorch pytorch_ops.json --out DIR
+    python3 scripts/report.py ops --replay replay_ops.json [--pytorch pytorch_ops.json] --out DIR
         -> DIR/ops_summary.md, DIR/ops_ratio.png
     python3 scripts/report.py graphs --json graphs_bench.json --out DIR
         -> DIR/graphs_summary.md, DIR/graphs_sweep.png
@@ -578,17 +578,27 @@ def section_graph_sweep(sweep, crossings):
 # Reports
 # ---------------------------------------------------------------------------------------------------------
 
+# Stands in for the PyTorch JSON when the baseline was not run (no torch): every comparison shows missing.
+NO_PYTORCH = {"tool": "pytorch", "version": None, "environment": {},
+              "peaks": {"bf16_gemm_tflops": None, "copy_gbps": None}, "results": []}
+
+
 def report_ops(replay_path, pytorch_path, out_dir):
-    """Writes out_dir/ops_summary.md and out_dir/ops_ratio.png; returns (md path, rows, kernel rows)."""
+    """Writes out_dir/ops_summary.md and out_dir/ops_ratio.png; returns (md path, rows, kernel rows).
+    pytorch_path None: the baseline was not run; its columns read missing and no ratio is judged."""
     replay = validate_ops(load_json(replay_path), replay_path, "replay-ops")
-    pytorch = validate_ops(load_json(pytorch_path), pytorch_path, "pytorch")
+    if pytorch_path is None:
+        pytorch = NO_PYTORCH
+    else:
+        pytorch = validate_ops(load_json(pytorch_path), pytorch_path, "pytorch")
     rows, krows = compare_ops(replay, pytorch), kernel_rows(replay)
     variants, brows = backend_rows(replay, pytorch)
     os.makedirs(out_dir, exist_ok=True)
     written = plot_ops_ratio(rows, os.path.join(out_dir, "ops_ratio.png"))
+    pytorch_input = (f"`{os.path.basename(pytorch_path)}` (PyTorch)" if pytorch_path is not None
+                     else "no PyTorch JSON (the baseline was not run)")
     lines = ["# replay ops against PyTorch", "",
-             f"Inputs: `{os.path.basename(replay_path)}` (replay), "
-             f"`{os.path.basename(pytorch_path)}` (PyTorch).", ""]
+             f"Inputs: `{os.path.basename(replay_path)}` (replay), {pytorch_input}.", ""]
     lines += section_verdict(rows, krows)
     lines += section_ops_table(rows)
     lines += _plot_line(written, "ops_ratio.png", "replay / PyTorch per op")
@@ -627,10 +637,10 @@ def report_graphs(json_path, out_dir):
 # ---------------------------------------------------------------------------------------------------------
 
 # Targets (replay against PyTorch, and replay against itself).
-FULL_GRAPH_TARGET = 0.90      # replay full-graph step time / PyTorch graphed (torch.cuda.graph) step time, at most
-EAGER_TARGET = 1.00           # replay eager step time / PyTorch eager step time, at most
+FULL_GRAPH_TARGET = 0.90       # replay full-graph step time / PyTorch's torch.cuda.graph step time, at most
+EAGER_TARGET = 1.00            # replay eager step time / PyTorch eager step time, at most
 GRAPH_MEMORY_TOLERANCE = 0.01  # replay peak memory with graphs within this fraction of eager
-CAPTURE_LIMIT_MS = 2000.0     # replay capture + instantiate time of a graph mode, under
+CAPTURE_LIMIT_MS = 2000.0      # replay capture + instantiate time of a graph mode, under
 
 MODES = ("none", "layer", "full")
 TOOLS = ("replay", "pytorch")
@@ -668,7 +678,8 @@ def validate_workload(doc, path):
     _require(doc.get("tool") in ("pytorch", f"replay-{workload}"), path,
              f"'tool' is {doc.get('tool')!r}, expected 'replay-{workload}' or 'pytorch'")
     _require(isinstance(doc.get("preset"), str) and doc["preset"], path, "'preset' must be a non-empty string")
-    _require(doc.get("graphs") in MODES, path, f"'graphs' is {doc.get('graphs')!r}, expected none, layer or full")
+    _require(doc.get("graphs") in MODES, path,
+             f"'graphs' is {doc.get('graphs')!r}, expected none, layer or full")
     for key in ("config", "step_ms", "throughput", "memory"):
         _check_object(doc, key, path)
     for key in ("environment", "host_enqueue_us", "graphs_info", "peaks"):
@@ -682,7 +693,8 @@ def validate_workload(doc, path):
                        ("host_enqueue_us", ("median", "p90")),
                        ("graphs_info", ("count", "nodes", "capture_ms", "instantiate_ms"))):
         for key in keys:
-            _require(_number_or_null((doc.get(part) or {}).get(key)), path, f"{part}.{key} must be a number or null")
+            _require(_number_or_null((doc.get(part) or {}).get(key)), path,
+                     f"{part}.{key} must be a number or null")
     for key in ("model_tflops", "mfu", "flops_per_step"):
         _require(_number_or_null(doc.get(key)), path, f"'{key}' must be a number or null")
     losses = doc.get("losses")
@@ -768,9 +780,10 @@ def workload_targets(runs):
     for mode in ("layer", "full"):
         name = f"peak memory, {mode} graphs / eager"
         a, e = rep[mode], rep["none"]
-        if a is None or e is None or not a["memory"].get("peak_bytes") or not e["memory"].get("peak_bytes"):
-            out.append(_target(name, None, 1 + GRAPH_MEMORY_TOLERANCE, MISSING, "no replay eager and "
-                               f"{mode} runs with peak_bytes"))
+        lacking = [m for m, d in (("none", e), (mode, a)) if d is None or not d["memory"].get("peak_bytes")]
+        if lacking:
+            out.append(_target(name, None, 1 + GRAPH_MEMORY_TOLERANCE, MISSING,
+                               "no replay " + " or ".join(lacking) + " run with peak_bytes"))
             continue
         ratio = a["memory"]["peak_bytes"] / e["memory"]["peak_bytes"]
         ok = abs(ratio - 1) <= GRAPH_MEMORY_TOLERANCE + 1e-12
@@ -783,7 +796,8 @@ def workload_targets(runs):
             why = f"no replay {mode} run" if d is None else "capture_ms or instantiate_ms is null"
             out.append(_target(name, None, CAPTURE_LIMIT_MS, MISSING, why, ".1f"))
         else:
-            out.append(_target(name, ms, CAPTURE_LIMIT_MS, PASS if ms < CAPTURE_LIMIT_MS else FAIL, None, ".1f"))
+            status = PASS if ms < CAPTURE_LIMIT_MS else FAIL
+            out.append(_target(name, ms, CAPTURE_LIMIT_MS, status, None, ".1f"))
     present = {m: d for m, d in rep.items() if d is not None}
     hashes = {m: d.get("loss_hash") for m, d in present.items()}
     name = "loss hash identical across replay's modes"
@@ -816,7 +830,8 @@ def workload_notes(runs):
                          "disagree, so TFLOP/s and MFU are not comparable across the tools; step times are.")
     steps = {(tool, m): d["step_ms"].get("count") for (tool, m), d in runs.items()}
     if len({v for v in steps.values() if v is not None}) > 1:
-        notes.append("Timed step counts differ: " + ", ".join(f"{t} {m} {v}" for (t, m), v in steps.items()) + ".")
+        counts = ", ".join(f"{t} {m} {v}" for (t, m), v in steps.items())
+        notes.append(f"Timed step counts differ: {counts}.")
     return notes
 
 
@@ -834,7 +849,9 @@ def _run_row(tool, mode, doc, basis):
         setup = fmt(g["capture_ms"], ".1f") + (f" + {fmt(g['instantiate_ms'], '.1f')}"
                                                if g.get("instantiate_ms") is not None else " + —")
     graphs = f"{fmt(g.get('count'), '.0f')} / {fmt(g.get('nodes'), '.0f')}" if g else "—"
-    ratio = fmt(s["median"] / basis["step_ms"]["median"], ".3f") if basis is not None and tool == "replay" else "—"
+    ratio = "—"
+    if basis is not None and tool == "replay":
+        ratio = fmt(s["median"] / basis["step_ms"]["median"], ".3f")
     host = doc.get("host_enqueue_us") or {}
     return [label, fmt(s["median"], ".3f"), f"{fmt(s['p10'], '.3f')} / {fmt(s['p90'], '.3f')}", ratio,
             fmt(host.get("median"), ".0f"), fmt(doc["throughput"].get("tokens_per_s"), ".0f"),
@@ -855,13 +872,11 @@ def section_workload(workload, preset, runs, delay_runs, plot_lines):
             basis = runs.get(("pytorch", "none" if mode == "none" else "full"))
             rows.append(_run_row(tool, mode, doc, basis))
     lines = [f"## {workload} {preset}", ""] + table(header, rows) + [""]
-    lines.append("÷ PyTorch: replay's median step time over PyTorch's, eager against eager and each graph mode "
-                 "against PyTorch's whole-step graph (below 1: replay is faster).")
+    lines.append("÷ PyTorch: replay's median step time over PyTorch's, eager against eager and each graph "
+                 "mode against PyTorch's whole-step graph (below 1: replay is faster).")
     lines.append("")
     targets = workload_targets(runs)
-    trows = [[t["name"], fmt(t["value"], t["spec"]), _limit_text(t), t["status"] + (f": {t['note']}" if t["note"]
-                                                                                    else "")]
-             for t in targets]
+    trows = [[t["name"], fmt(t["value"], t["spec"]), _limit_text(t), _result(t)] for t in targets]
     lines += ["### Targets", ""] + table(["target", "value", "limit", "result"], trows) + [""]
     notes = workload_notes(runs)
     if notes:
@@ -913,12 +928,12 @@ def section_host_delay(runs):
         for tool, modes in tools.items():
             docs = {m: runs.get((tool, m, d)) for m in modes}
             row += [fmt(_median(docs[m]), ".3f") if docs[m] else MISSING for m in modes]
-            row += [fmt(_median(docs["none"]) / _median(docs[m]), ".2f") if docs.get("none") and docs[m] else "—"
-                    for m in modes if m != "none"]
+            row += [fmt(_median(docs["none"]) / _median(docs[m]), ".2f")
+                    if docs.get("none") and docs[m] else "—" for m in modes if m != "none"]
         rows.append(row)
     return (["### Graphs against simulated host delay", "",
-             "`--host-delay-us N` adds N µs of host work to each eager kernel launch; none / mode above 1 means "
-             "the graph mode beats eager at that delay.", ""] + table(header, rows) + [""])
+             "`--host-delay-us N` adds N µs of host work to each eager kernel launch; none / mode above 1 "
+             "means the graph mode beats eager at that delay.", ""] + table(header, rows) + [""])
 
 
 def plot_step_times(runs, title, path):
@@ -1010,13 +1025,14 @@ def report_workloads(directory, out_dir):
     unjudged = len(judged) - met - len(failed)
     head = ["# Workload runs: replay against PyTorch", "",
             f"Inputs: {len(files)} runs in `{directory}`: " + ", ".join(f"`{n}`" for n in files) + ".", "",
-            "## Verdict", "", f"{met} of {len(judged)} targets met ({len(failed)} failed, {unjudged} not judged)."]
+            "## Verdict", "",
+            f"{met} of {len(judged)} targets met ({len(failed)} failed, {unjudged} not judged)."]
     if failed:
         head.append("Failed: " + "; ".join(failed) + ".")
-    head += [f"Targets: replay's full-step graph at most {FULL_GRAPH_TARGET:.2f}x PyTorch's graphed step time; "
-             f"replay eager at most {EAGER_TARGET:.2f}x PyTorch eager; replay's peak memory with graphs within "
-             f"{GRAPH_MEMORY_TOLERANCE:.0%} of eager; capture + instantiate under {CAPTURE_LIMIT_MS / 1000:g} s "
-             "per graph mode; identical loss hashes across replay's modes.", ""]
+    head += [f"Targets: replay's full-step graph at most {FULL_GRAPH_TARGET:.2f}x PyTorch's graphed step "
+             f"time; replay eager at most {EAGER_TARGET:.2f}x PyTorch eager; replay's peak memory with graphs "
+             f"within {GRAPH_MEMORY_TOLERANCE:.0%} of eager; capture + instantiate under "
+             f"{CAPTURE_LIMIT_MS / 1000:g} s per graph mode; identical loss hashes across replay's modes.", ""]
     docs = {}
     for found in groups.values():
         for (tool, _, _), (_, doc) in found.items():
@@ -1033,7 +1049,8 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True)
     ops = sub.add_parser("ops", help="replay-ops against pytorch_baseline.py ops")
     ops.add_argument("--replay", required=True, help="JSON from replay-ops --json")
-    ops.add_argument("--pytorch", required=True, help="JSON from scripts/pytorch_baseline.py ops --json")
+    ops.add_argument("--pytorch", default=None,
+                     help="JSON from scripts/pytorch_baseline.py ops --json (without it, PyTorch reads missing)")
     ops.add_argument("--out", required=True, help="output directory")
     ops.set_defaults(func=lambda a: report_ops(a.replay, a.pytorch, a.out)[0])
     graphs = sub.add_parser("graphs", help="replay-graphs-bench launch costs and host-delay sweep")

@@ -1,6 +1,6 @@
 // column_sums.cuh: the deterministic second pass shared by the backward kernels that produce
 // parameter gradients (norms, dropout bias): sums fp32 partial rows [parts, C] into [C] in a fixed
-// order.
+// order, as a programmatic dependent launch of the kernel that wrote the partials.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,44 +9,68 @@
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
+#include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
 
-// out_k[c] (+)= sum over p = 0..parts-1 of partials[(k * parts + p) * C + c], for k < kOutputs.
-// A block covers 32 columns with 8 row groups: group y sums parts y, y + 8, ... in order, then the
-// eight group sums are added in order 0..7, so the result never depends on timing.
-template <int kOutputs>
-__global__ void __launch_bounds__(256)
+// Block (x, k) covers 32 columns of output k as 8 float4 columns by 32 row groups: group y sums
+// parts y, y + 32, ... in order, then the 32 group sums are added in order 0..31, so the result
+// depends only on (parts, C), never on timing. A warp reads four partial rows, 128 contiguous bytes
+// each. With ~100-200 parts a thread has a handful of independent 16-byte loads, all issued before
+// the first add, so the pass costs about one L2 round trip after its launch.
+constexpr int kColumnSumsGroups = 32;
+
+// (static: this header is included by several translation units)
+static __global__ void __launch_bounds__(8 * kColumnSumsGroups)
     column_sums_kernel(float* out0, float* out1, const float* __restrict__ partials, int parts,
                        int C, bool accumulate) {
-  __shared__ float group_sums[kOutputs][8][32];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float* outs[2] = {out0, out1};
-#pragma unroll
-  for (int k = 0; k < kOutputs; ++k) {
-    float s = 0.0f;
-    if (c < C) {
-      const float* col = partials + static_cast<int64_t>(k) * parts * C + c;
-      for (int p = threadIdx.y; p < parts; p += 8) s += col[static_cast<int64_t>(p) * C];
+  __shared__ float4 group_sums[kColumnSumsGroups][8];
+  wait_for_previous_grid();                     // the partials come from the kernel before this one
+  const int c4 = blockIdx.x * 8 + threadIdx.x;  // float4 column
+  const bool valid = c4 * 4 < C;
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (valid) {
+    const float4* col =
+        reinterpret_cast<const float4*>(partials + static_cast<int64_t>(blockIdx.y) * parts * C) +
+        c4;
+#pragma unroll 8
+    for (int p = threadIdx.y; p < parts; p += kColumnSumsGroups) {
+      const float4 v = col[static_cast<int64_t>(p) * (C / 4)];
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
     }
-    group_sums[k][threadIdx.y][threadIdx.x] = s;
   }
+  group_sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-#pragma unroll
-  for (int k = 0; k < kOutputs; ++k) {
-    float s = 0.0f;
-#pragma unroll
-    for (int g = 0; g < 8; ++g) s += group_sums[k][g][threadIdx.x];
-    outs[k][c] = accumulate ? outs[k][c] + s : s;
+  if (threadIdx.y != 0 || !valid) return;
+  float4 total = group_sums[0][threadIdx.x];
+  for (int g = 1; g < kColumnSumsGroups; ++g) {
+    const float4 v = group_sums[g][threadIdx.x];
+    total.x += v.x;
+    total.y += v.y;
+    total.z += v.z;
+    total.w += v.w;
   }
+  // Scalar stores: the outputs carry no alignment requirement.
+  float* o = (blockIdx.y == 0 ? out0 : out1) + c4 * 4;
+  o[0] = accumulate ? o[0] + total.x : total.x;
+  o[1] = accumulate ? o[1] + total.y : total.y;
+  o[2] = accumulate ? o[2] + total.z : total.z;
+  o[3] = accumulate ? o[3] + total.w : total.w;
 }
 
-template <int kOutputs>
-inline void column_sums(float* out0, float* out1, const float* partials, int parts, int C,
-                        bool accumulate, cudaStream_t stream) {
-  column_sums_kernel<kOutputs>
-      <<<ceil_div(C, 32), dim3(32, 8), 0, stream>>>(out0, out1, partials, parts, C, accumulate);
+// out_k[c] (+)= sum over p = 0..parts-1 of partials[(k * parts + p) * C + c], for k < outputs
+// (1 or 2; out1 is unused when 1). C must be a multiple of 4 and partials 16-byte aligned. Runs as
+// a programmatic dependent of the kernel launched just before it on `stream`, the one that wrote
+// the partials.
+inline void column_sums(int outputs, float* out0, float* out1, const float* partials, int parts,
+                        int C, bool accumulate, cudaStream_t stream) {
+  REPLAY_REQUIRE(C % 4 == 0 && reinterpret_cast<uintptr_t>(partials) % 16 == 0,
+                 "column_sums needs C a multiple of 4 and 16-byte aligned partials");
+  launch_dependent(column_sums_kernel, dim3(ceil_div(C, 32), outputs), dim3(8, kColumnSumsGroups),
+                   stream, out0, out1, partials, parts, C, accumulate);
   REPLAY_LAUNCH_CHECK();
 }
 

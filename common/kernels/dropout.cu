@@ -1,13 +1,26 @@
 // dropout.cu: fused bias + dropout + residual kernels (see dropout.h for the mask definition).
+//
+// Both directions use one layout: a thread owns one 16-byte pack of columns (8 elements) and walks
+// a group of rows, so the bias pack (forward) is loaded once and the dbias partial (backward)
+// accumulates in registers. Rows come in small batches: a batch's loads are all issued first, then
+// its keep masks are drawn from Philox (they do not depend on the data, so that arithmetic runs
+// while the loads are in flight), then the batch is combined and stored.
+//
+// At GPT-3 sizes the Philox arithmetic (two Philox4x32-10 blocks, about 80 integer instructions
+// per 8 elements, ~150 instructions per 8 elements in all) takes about half the memory time, so
+// it must overlap the loads, and the grid is exactly one wave of resident blocks with equal shares
+// of rows: no block waits for a second, partial wave.
 #include "common/kernels/dropout.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
 #include "common/kernels/column_sums.cuh"
+#include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
 namespace {
@@ -15,101 +28,153 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
-constexpr int kBwdRowsPerGroupMin = 16;  // rows one backward block walks, at least
-constexpr int kBwdMaxBlocks = 1024;      // backward blocks (partial rows x column tiles), at most
-constexpr int kBwdRowBatch = 4;          // rows loaded before any is stored (loads in flight)
+// Rows whose loads a thread issues before it computes any, and the register cap (64) that leaves
+// room for 1024 threads per SM: 64 bytes of loads in flight per thread (x and residual forward,
+// dout backward), ~64 KB per SM, twice what Little's law asks at ~4 TB/s and ~1 us.
+constexpr int kFwdRowBatch = 2;
+constexpr int kBwdRowBatch = 4;
+constexpr int kMinBlocksPerSM = 4;
+constexpr int kBwdMaxBlocks = 1024;  // bounds the dbias partials: groups <= 1024 / column tiles
 
-// Keep decisions for the 8 elements e0 .. e0 + 7 (e0 a multiple of 8): two Philox blocks.
-__device__ __forceinline__ void keep_mask(bool keep[8], uint64_t seed, uint64_t position,
-                                          int64_t e0, uint32_t threshold) {
-  const uint64_t block = static_cast<uint64_t>(e0) / 4;
-  const Philox4 r0 = philox_block(seed, position, block);
-  const Philox4 r1 = philox_block(seed, position, block + 1);
-  const uint32_t bits[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+// Philox4x32-10 for one launch: the key schedule and counter position are the same for every
+// draw, so they are expanded once. draw(block) gives the numbers philox_block(seed, position,
+// block) of philox.h gives, with the 32x32 -> 64-bit products written as __umulhi and a low
+// multiply: one IMAD.WIDE per product, where the 64-bit product of philox.h leaves an extra integer
+// add per product in the SASS, a third more issue slots in kernels bound by this arithmetic.
+struct Philox {
+  uint32_t k0[10], k1[10];  // round keys (uniform across the grid: they live in uniform registers)
+  uint32_t pos_lo, pos_hi;
+
+  __device__ __forceinline__ Philox(uint64_t seed, uint64_t position)
+      : pos_lo(static_cast<uint32_t>(position)), pos_hi(static_cast<uint32_t>(position >> 32)) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) keep[j] = bits[j] >= threshold;
+    for (int r = 0; r < 10; ++r) {
+      k0[r] = static_cast<uint32_t>(seed) + r * 0x9E3779B9u;
+      k1[r] = static_cast<uint32_t>(seed >> 32) + r * 0xBB67AE85u;
+    }
+  }
+
+  __device__ __forceinline__ Philox4 draw(uint64_t block) const {
+    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+    Philox4 c{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), pos_lo, pos_hi};
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+      const uint32_t hi0 = __umulhi(kM0, c.x), lo0 = kM0 * c.x;
+      const uint32_t hi1 = __umulhi(kM1, c.z), lo1 = kM1 * c.z;
+      c = Philox4{hi1 ^ c.y ^ k0[r], lo1, hi0 ^ c.w ^ k1[r], lo0};
+    }
+    return c;
+  }
+
+  // Keep bits of the 8 elements e0 .. e0 + 7 (e0 a multiple of 8): bit j is element e0 + j.
+  __device__ __forceinline__ uint32_t keep_bits(int64_t e0, uint32_t threshold) const {
+    const uint64_t block = static_cast<uint64_t>(e0) / 4;
+    const Philox4 r0 = draw(block), r1 = draw(block + 1);
+    const uint32_t words[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+    uint32_t bits = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bits |= static_cast<uint32_t>(words[j] >= threshold) << j;
+    return bits;
+  }
+};
+
+// The launch's Philox stream; threshold == 0 (p = 0) reads no RNG state.
+__device__ __forceinline__ Philox launch_philox(RngArgs rng, uint32_t threshold) {
+  if (threshold == 0) return Philox(0, 0);
+  return Philox(rng.slot->seed, rng.slot->offset + rng.op_offset);
 }
 
-// One 16-byte pack per thread. threshold == 0 means nothing is dropped: no RNG state is read.
-__global__ void dropout_residual_forward_kernel(bf16* out, const bf16* x,
-                                                const bf16* __restrict__ bias, const bf16* residual,
-                                                int64_t packs, int C, uint32_t threshold,
-                                                float scale, RngArgs rng) {
-  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= packs) return;
-  const int64_t e0 = k * 8;
-  const PackBF16 xv = PackBF16::load_cs(x + e0);
-  float v[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(xv.v[j]);
-  if (bias) {
-    const PackBF16 b = PackBF16::load(bias + e0 % C);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] += __bfloat162float(b.v[j]);
-  }
-  if (threshold != 0) {
-    bool keep[8];
-    keep_mask(keep, rng.slot->seed, rng.slot->offset + rng.op_offset, e0, threshold);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = keep[j] ? v[j] * scale : 0.0f;
-  }
-  if (residual) {
-    const PackBF16 r = PackBF16::load_cs(residual + e0);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] += __bfloat162float(r.v[j]);
-  }
-  PackBF16 o;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) o.v[j] = __float2bfloat16_rn(v[j]);
-  o.store(out + e0);
+// Walks rows [r_begin, r_end) in batches of kBatch rows and then single rows, calling
+// batch(integral_constant<int, n>, r0) for rows r0 .. r0 + n - 1: no bounds checks inside.
+template <int kBatch, typename Batch>
+__device__ __forceinline__ void for_row_batches(int64_t r_begin, int64_t r_end, Batch&& batch) {
+  int64_t r0 = r_begin;
+  for (; r0 + kBatch <= r_end; r0 += kBatch) batch(std::integral_constant<int, kBatch>{}, r0);
+  for (; r0 < r_end; ++r0) batch(std::integral_constant<int, 1>{}, r0);
 }
 
-// Block (x, y) covers packs [x * blockDim.x, ...) of rows [y * rows_per_group, ...): each thread
-// owns one pack of columns, walks its rows in order and writes its dbias partial to
-// partials[y][...].
-__global__ void dropout_residual_backward_kernel(bf16* dx, float* __restrict__ partials,
-                                                 const bf16* dout, int64_t rows, int C,
-                                                 int64_t rows_per_group, uint32_t threshold,
-                                                 float scale, RngArgs rng) {
+// Block (x, y) covers packs [x * blockDim.x, ...) of rows [y * rows_per_group, ...).
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
+    dropout_residual_forward_kernel(bf16* out, const bf16* x, const bf16* __restrict__ bias,
+                                    const bf16* residual, int64_t rows, int C,
+                                    int64_t rows_per_group, uint32_t threshold, float scale,
+                                    RngArgs rng) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= C / 8) return;
+  const Philox philox = launch_philox(rng, threshold);
+  float b[8] = {};
+  if (bias) {
+    const PackBF16 bv = PackBF16::load(bias + p * 8);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = __bfloat162float(bv.v[j]);
+  }
   const int64_t r_begin = blockIdx.y * rows_per_group;
   const int64_t r_end = min(rows, r_begin + rows_per_group);
-  uint64_t seed = 0, position = 0;
-  if (threshold != 0) {
-    seed = rng.slot->seed;
-    position = rng.slot->offset + rng.op_offset;
-  }
-  float acc[8] = {};
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += kBwdRowBatch) {
-    // All loads of the batch before any store (dx may alias dout, so the compiler cannot hoist
-    // loads above stores by itself).
-    PackBF16 d[kBwdRowBatch];
+  for_row_batches<kFwdRowBatch>(r_begin, r_end, [&](auto batch, int64_t r0) {
+    constexpr int kRows = decltype(batch)::value;
+    // Loads first (out may alias x or residual, so all of them precede the batch's stores), then
+    // the masks, whose arithmetic overlaps the loads' latency.
+    PackBF16 xv[kRows], rv[kRows];
 #pragma unroll
-    for (int u = 0; u < kBwdRowBatch; ++u)
-      if (r0 + u < r_end) d[u] = PackBF16::load_cs(dout + (r0 + u) * C + p * 8);
+    for (int u = 0; u < kRows; ++u) {
+      xv[u] = PackBF16::load_cs(x + (r0 + u) * C + p * 8);
+      if (residual) rv[u] = PackBF16::load_cs(residual + (r0 + u) * C + p * 8);
+    }
+    uint32_t keep[kRows];
 #pragma unroll
-    for (int u = 0; u < kBwdRowBatch; ++u) {
-      if (r0 + u >= r_end) break;
-      const int64_t e0 = (r0 + u) * C + p * 8;
-      float v[8];
+    for (int u = 0; u < kRows; ++u)
+      keep[u] = threshold != 0 ? philox.keep_bits((r0 + u) * C + p * 8, threshold) : ~0u;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = __bfloat162float(d[u].v[j]);
-      if (threshold != 0) {
-        bool keep[8];
-        keep_mask(keep, seed, position, e0, threshold);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = keep[j] ? v[j] * scale : 0.0f;
-      }
+    for (int u = 0; u < kRows; ++u) {
       PackBF16 o;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        acc[j] += v[j];
-        o.v[j] = __float2bfloat16_rn(v[j]);
+        float v = __bfloat162float(xv[u].v[j]);
+        if (bias) v += b[j];
+        if (threshold != 0) v = (keep[u] >> j) & 1u ? v * scale : 0.0f;
+        if (residual) v += __bfloat162float(rv[u].v[j]);
+        o.v[j] = __float2bfloat16_rn(v);
       }
-      o.store(dx + e0);
+      o.store(out + (r0 + u) * C + p * 8);
     }
-  }
+  });
+}
+
+// Same blocks as the forward; each thread writes its dbias partial to partials[y][its 8 columns].
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
+    dropout_residual_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout,
+                                     int64_t rows, int C, int64_t rows_per_group,
+                                     uint32_t threshold, float scale, RngArgs rng) {
+  allow_dependent_launch();  // column_sums may be placed while this grid runs
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= C / 8) return;
+  const Philox philox = launch_philox(rng, threshold);
+  float acc[8] = {};
+  const int64_t r_begin = blockIdx.y * rows_per_group;
+  const int64_t r_end = min(rows, r_begin + rows_per_group);
+  for_row_batches<kBwdRowBatch>(r_begin, r_end, [&](auto batch, int64_t r0) {
+    constexpr int kRows = decltype(batch)::value;
+    // dx may alias dout: the batch is loaded before any of it is stored.
+    PackBF16 d[kRows];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cs(dout + (r0 + u) * C + p * 8);
+    uint32_t keep[kRows];
+#pragma unroll
+    for (int u = 0; u < kRows; ++u)
+      keep[u] = threshold != 0 ? philox.keep_bits((r0 + u) * C + p * 8, threshold) : ~0u;
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      PackBF16 o;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float v = __bfloat162float(d[u].v[j]);
+        if (threshold != 0) v = (keep[u] >> j) & 1u ? v * scale : 0.0f;
+        acc[j] += v;
+        o.v[j] = __float2bfloat16_rn(v);
+      }
+      o.store(dx + (r0 + u) * C + p * 8);
+    }
+  });
   if (partials) {
     float4* dst =
         reinterpret_cast<float4*>(partials + static_cast<int64_t>(blockIdx.y) * C + p * 8);
@@ -130,23 +195,38 @@ void check_args(int64_t rows, int C, float p, RngArgs rng) {
                  "dropout with p > 0 needs an RNG slot");
 }
 
-// The backward's blocks: column tiles of `threads` packs by groups of rows_per_group rows. Depends
-// only on the shape, so the partial sums (and dbias) are the same on every run and every device.
-struct BackwardPlan {
+// The blocks: column tiles of `threads` packs by `groups` groups of rows_per_group rows.
+struct Plan {
   int threads, col_tiles, groups;
   int64_t rows_per_group;
 };
 
-BackwardPlan plan_backward(int64_t rows, int C) {
-  BackwardPlan plan{};
+// As many row groups as make one wave of resident blocks (every SM full, every block an equal
+// share of rows; 2048 x 12288 on 132 SMs: 6 tiles x 86 groups of 24 rows), at most max_groups.
+// Depends only on the shape and the device, never on timing.
+template <typename Kernel>
+Plan plan_blocks(Kernel kernel, int64_t rows, int C, int64_t max_groups) {
+  Plan plan{};
   const int packs = C / 8;
   plan.threads = std::min(kThreads, ceil_div(packs, 32) * 32);
   plan.col_tiles = ceil_div(packs, plan.threads);
-  const int64_t max_groups = std::max(1, kBwdMaxBlocks / plan.col_tiles);
-  const int64_t groups = std::min(ceil_div<int64_t>(rows, kBwdRowsPerGroupMin), max_groups);
+  int device = 0, sms = 0, per_sm = 0;
+  REPLAY_CUDA_CHECK(cudaGetDevice(&device));
+  REPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  REPLAY_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.threads, 0));
+  const int64_t wave_groups = std::max<int64_t>(1, int64_t{sms} * per_sm / plan.col_tiles);
+  const int64_t groups = std::min(wave_groups, max_groups);
   plan.rows_per_group = ceil_div<int64_t>(rows, groups);
   plan.groups = static_cast<int>(ceil_div<int64_t>(rows, plan.rows_per_group));
   return plan;
+}
+
+// The backward's bound on row groups: it sizes the dbias workspace from the shape alone.
+int64_t backward_max_groups(int64_t rows, int C) {
+  const int col_tiles = ceil_div(C / 8, std::min(kThreads, ceil_div(C / 8, 32) * 32));
+  return std::min<int64_t>(std::max(1, kBwdMaxBlocks / col_tiles),
+                           ceil_div<int64_t>(rows, kBwdRowBatch));
 }
 
 }  // namespace
@@ -156,18 +236,18 @@ void dropout_residual_forward(bf16* out, const bf16* x, const bf16* bias, const 
   check_args(rows, C, p, rng);
   REPLAY_REQUIRE(aligned16(out) && aligned16(x) && aligned16(bias) && aligned16(residual),
                  "dropout tensors must be 16-byte aligned");
-  const int64_t packs = rows * C / 8;
-  const int64_t blocks = ceil_div<int64_t>(packs, kThreads);
-  REPLAY_REQUIRE(blocks <= INT32_MAX, "dropout tensor too large for a 1-D grid");
-  dropout_residual_forward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      out, x, bias, residual, packs, C, dropout_threshold(p), 1.0f / (1.0f - p), rng);
+  const Plan plan =
+      plan_blocks(dropout_residual_forward_kernel, rows, C, ceil_div<int64_t>(rows, kFwdRowBatch));
+  dropout_residual_forward_kernel<<<dim3(plan.col_tiles, plan.groups), plan.threads, 0, stream>>>(
+      out, x, bias, residual, rows, C, plan.rows_per_group, dropout_threshold(p), 1.0f / (1.0f - p),
+      rng);
   REPLAY_LAUNCH_CHECK();
 }
 
 size_t dropout_residual_backward_workspace_bytes(int64_t rows, int C) {
   REPLAY_REQUIRE(rows >= 1 && C >= 8 && C % 8 == 0,
                  "dropout needs rows >= 1 and C a positive multiple of 8");
-  return static_cast<size_t>(plan_backward(rows, C).groups) * C * sizeof(float);
+  return static_cast<size_t>(backward_max_groups(rows, C)) * C * sizeof(float);
 }
 
 void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t rows, int C,
@@ -176,7 +256,8 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
   check_args(rows, C, p, rng);
   REPLAY_REQUIRE(aligned16(dx) && aligned16(dout) && aligned16(workspace),
                  "dropout tensors and workspace must be 16-byte aligned");
-  const BackwardPlan plan = plan_backward(rows, C);
+  const Plan plan =
+      plan_blocks(dropout_residual_backward_kernel, rows, C, backward_max_groups(rows, C));
   float* partials = nullptr;
   if (dbias) {
     const size_t needed = static_cast<size_t>(plan.groups) * C * sizeof(float);
@@ -189,7 +270,7 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
       dx, partials, dout, rows, C, plan.rows_per_group, dropout_threshold(p), 1.0f / (1.0f - p),
       rng);
   REPLAY_LAUNCH_CHECK();
-  if (dbias) column_sums<1>(dbias, nullptr, partials, plan.groups, C, accumulate_dbias, stream);
+  if (dbias) column_sums(1, dbias, nullptr, partials, plan.groups, C, accumulate_dbias, stream);
 }
 
 }  // namespace replay

@@ -1,38 +1,55 @@
 // norms.cu: LayerNorm and RMSNorm forward and backward (see norms.h).
 //
-// Forward: one warp per row for C <= 1024 (eight rows per block), otherwise one block per row. A
-// thread holds its slice of the row in registers as bf16 (up to 8 packs of 16 bytes), so x is read
-// from memory once; mean and variance are two passes over registers (exact two-pass variance, no
-// E[x^2] - E[x]^2).
+// Narrow rows (C <= 1024), forward: one warp per row, eight rows per block, the row held in
+// registers.
 //
-// Backward: a persistent kernel, one block per SM (more for narrow rows). Each block walks rows
-// blockIdx.x, blockIdx.x + gridDim.x, ... and every thread owns the same columns in every row, so
-// the dgamma/dbeta contributions accumulate in registers and each block writes one partial row; a
-// second kernel sums the partials in a fixed order. The rows are streamed through shared memory
-// with cp.async, several rows ahead, so loads stay in flight while the block reduces and writes the
-// current row.
+// Wide rows, forward and backward: a persistent grid (as many blocks as fit on the SMs at once)
+// walks the rows: block b takes rows b, b + gridDim.x, ... and thread t owns the 16-byte packs
+// t, t + T, ... of every row. Rows are streamed into a ring of shared-memory stages with cp.async,
+// `stages - 1` rows ahead, so every SM keeps loads in flight while it reduces and writes the
+// current row. Little's law sets the depth: at ~4 TB/s and ~1-2 us of loaded latency the GPU
+// needs several MB in flight, tens of KB per SM, which a row-at-a-time block cannot supply (the
+// 2048 x 12288 GPT-3 LayerNorm: 24 KB rows). A thread reads back only the packs it copied itself,
+// so the ring needs no barrier; the only barriers are the row reductions'. Mean and variance are
+// two exact passes over the row in registers (no E[x^2] - E[x]^2).
+//
+// Backward: every thread owns the same columns in every row, so the dgamma/dbeta contributions
+// accumulate in registers and each block writes one partial row; column_sums then adds the
+// partials in a fixed order, as a programmatic dependent launch. The accumulators cost registers
+// (2 * C / T per thread for LayerNorm), so the backward runs one block of up to 768 threads per
+// SM: 24 warps give the per-row arithmetic enough parallelism to hide under the memory stream.
 #include "common/kernels/norms.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
 #include "common/kernels/column_sums.cuh"
+#include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kMaxRowThreads = 512;    // threads on one row (block mode)
+constexpr int kMaxRowThreads = 512;    // threads on one row, forward
 constexpr int kMaxPacksPerThread = 8;  // 16-byte packs per thread: C <= 512 * 8 * 8
 constexpr int kWarpRowMaxPacks = 128;  // warp-per-row forward up to C = 1024
 constexpr int kWarpRowsPerBlock = 8;
-constexpr size_t kBwdInflightBytes = 64 << 10;  // bytes of rows each SM keeps in flight (backward)
-constexpr int kBwdMaxStages = 8;
+constexpr size_t kInflightBytesPerSM = 96 << 10;  // rows each SM keeps in flight (ring depth)
+constexpr int kMaxStages = 8;
+constexpr int kMaxDevices = 64;
 static_assert(kMaxRowThreads * kMaxPacksPerThread * 8 == kNormMaxChannels, "limits disagree");
+
+// Backward threads per row: up to 768 while a thread holds at most two packs (32 LayerNorm
+// accumulators fit the 85 registers a 768-thread block may use), 512 beyond.
+__host__ __device__ constexpr int bwd_max_threads(int ppt) {
+  return ppt <= 2 ? 768 : 512;
+}
 
 // Sum over the threads of one row: a warp (tpr == 32) or the whole block (tpr == blockDim.x).
 __device__ __forceinline__ float row_sum(float v, int tpr, float* scratch) {
@@ -57,17 +74,11 @@ __device__ __forceinline__ float2 block_reduce_sum2(float2 v, float* scratch) {
 
 // ---------------------------------------------------------------------------------------------------
 // Asynchronous global -> shared copies (sm_80+). A thread only ever reads back the 16-byte chunks
-// it copied itself, so waiting on its own groups suffices; the 4-byte row statistics are copied by
-// one thread and published by the __syncthreads that follows the wait.
+// it copied itself, so waiting on its own groups suffices.
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -105,29 +116,47 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
   }
 }
 
+// The ring: `stages` slots, each holding one row of each of the first n of the tensors in src
+// (tensor i at pack offset i * packs). ring_issue(k) starts copying the block's k-th row (global
+// row blockIdx.x + k * gridDim.x, if it exists) into slot k % stages; it always commits a group,
+// so that group k belongs to row k. A slot is refilled one iteration after it was read, by the
+// same threads that read it, and their reads have completed: their values were used.
+template <int kPpt, int kMaxTensors>
+__device__ __forceinline__ void ring_issue(PackBF16* ring, int stages, int64_t k, int64_t rows,
+                                           int C, const bf16* const (&src)[kMaxTensors], int n) {
+  const int64_t row = blockIdx.x + k * gridDim.x;
+  const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
+  if (row < rows) {
+    PackBF16* slot = ring + (k % stages) * n * packs;
+#pragma unroll
+    for (int s = 0; s < kMaxTensors; ++s) {
+      if (s < n) {
+#pragma unroll
+        for (int i = 0; i < kPpt; ++i) {
+          const int p = t + i * T;
+          if (p < packs) cp_async_16(slot + s * packs + p, src[s] + row * C + p * 8);
+        }
+      }
+    }
+  }
+  cp_async_commit();
+}
+
 // ---------------------------------------------------------------------------------------------------
-// Forward. Thread t of a row owns packs t, t + tpr, ..., so a warp's loads are contiguous.
+// Forward. Thread t of a row owns packs t, t + tpr, ..., so a warp's accesses are contiguous.
 
+// Statistics and output of one row whose packs this thread holds in xv.
 template <bool kLayerNorm, int kPpt>
-__global__ void __launch_bounds__(kMaxRowThreads)
-    norm_forward_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                        const bf16* x, const bf16* __restrict__ gamma,
-                        const bf16* __restrict__ beta, int64_t rows, int C, int tpr, float eps) {
-  __shared__ float scratch[32];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
-  const int t = threadIdx.x % tpr;
-  // Only whole warps leave here (warp mode); in block mode every block has a valid row.
-  if (row >= rows) return;
+__device__ __forceinline__ void normalize_row(bf16* out, float* mean_out, float* rstd_out,
+                                              const PackBF16 (&xv)[kPpt],
+                                              const bf16* __restrict__ gamma,
+                                              const bf16* __restrict__ beta, int64_t row, int C,
+                                              int t, int tpr, float eps, float* scratch) {
   const int packs = C / 8;
-  const bf16* xr = x + row * C;
-
-  PackBF16 xv[kPpt];
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
-    const int p = t + i * tpr;
-    if (p < packs) {
-      xv[i] = PackBF16::load_cs(xr + p * 8);
+    if (t + i * tpr < packs) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum += __bfloat162float(xv[i].v[j]);
     }
@@ -150,6 +179,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     rstd_out[row] = rstd;
   }
 
+  // gamma and beta are re-read for every row: they stay in L1, and holding them in registers
+  // would cost the occupancy that keeps the ring's loads in flight.
   bf16* outr = out + row * C;
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
@@ -170,52 +201,72 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Backward. Shared memory holds `stages` row buffers; one stage is
-//   [16 bytes: mean, rstd][x: packs x 16 B][dout: packs x 16 B][dx to accumulate into: packs x 16
-//   B].
-// Row k of the block (global row blockIdx.x + k * gridDim.x) lives in stage k % stages.
-
-__host__ __device__ constexpr size_t bwd_stage_bytes(int C, bool accumulate_dx) {
-  return 16 + static_cast<size_t>(accumulate_dx ? 3 : 2) * C * sizeof(bf16);
+// Narrow rows: one warp per row, loaded straight into registers.
+template <bool kLayerNorm, int kPpt>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
+    norm_forward_warp_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                             const bf16* x, const bf16* __restrict__ gamma,
+                             const bf16* __restrict__ beta, int64_t rows, int C, float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int t = threadIdx.x % 32;
+  if (row >= rows) return;  // whole warps only
+  const int packs = C / 8;
+  PackBF16 xv[kPpt];
+#pragma unroll
+  for (int i = 0; i < kPpt; ++i) {
+    const int p = t + i * 32;
+    if (p < packs) xv[i] = PackBF16::load_cs(x + row * C + p * 8);
+  }
+  normalize_row<kLayerNorm, kPpt>(out, mean_out, rstd_out, xv, gamma, beta, row, C, t, 32, eps,
+                                  nullptr);
 }
 
+// Wide rows: the persistent ring (see the top of the file); one row per block at a time.
 template <bool kLayerNorm, int kPpt>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxRowThreads)
+    norm_forward_rows_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                             const bf16* x, const bf16* __restrict__ gamma,
+                             const bf16* __restrict__ beta, int64_t rows, int C, int stages,
+                             float eps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float scratch[32];
+  PackBF16* ring = reinterpret_cast<PackBF16*>(smem);
+  const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
+  const bf16* const src[1] = {x};  // out may alias x: a row is written only after it is read
+
+  for (int s = 0; s < stages - 1; ++s) ring_issue<kPpt>(ring, stages, s, rows, C, src, 1);
+  int64_t row = blockIdx.x;
+  for (int64_t k = 0; row < rows; ++k, row += gridDim.x) {
+    ring_issue<kPpt>(ring, stages, k + stages - 1, rows, C, src, 1);
+    cp_async_wait(stages - 1);  // row k has landed
+    const PackBF16* slot = ring + (k % stages) * packs;
+    PackBF16 xv[kPpt];
+#pragma unroll
+    for (int i = 0; i < kPpt; ++i)
+      if (t + i * T < packs) xv[i] = slot[t + i * T];
+    normalize_row<kLayerNorm, kPpt>(out, mean_out, rstd_out, xv, gamma, beta, row, C, t, T, eps,
+                                    scratch);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward. A ring slot holds the row's x, dout and (accumulate_dx) the dx to add to, in that
+// order; mean and rstd are read by every thread straight from global memory (one broadcast load,
+// issued before the wait so that its latency hides under it).
+
+template <bool kLayerNorm, int kPpt>
+__global__ void __launch_bounds__(bwd_max_threads(kPpt), 1)
     norm_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout, const bf16* x,
                          const bf16* __restrict__ gamma, const float* __restrict__ mean,
                          const float* __restrict__ rstd, int64_t rows, int C, int stages,
                          bool accumulate_dx) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float scratch[64];
+  allow_dependent_launch();  // column_sums may be placed while this grid runs
+  PackBF16* ring = reinterpret_cast<PackBF16*>(smem);
   const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
-  const size_t stage_bytes = bwd_stage_bytes(C, accumulate_dx);
-
-  // Starts the copy of the block's k-th row (if it exists) into its stage; always commits a group
-  // so that group k belongs to row k.
-  auto issue = [&](int64_t k) {
-    const int64_t row = blockIdx.x + k * gridDim.x;
-    if (row < rows) {
-      unsigned char* st = smem + (k % stages) * stage_bytes;
-      PackBF16* xs = reinterpret_cast<PackBF16*>(st + 16);
-      PackBF16* dys = xs + packs;
-      PackBF16* dxs = dys + packs;
-      const int64_t base = row * C;
-#pragma unroll
-      for (int i = 0; i < kPpt; ++i) {
-        const int p = t + i * T;
-        if (p < packs) {
-          cp_async_16(xs + p, x + base + p * 8);
-          cp_async_16(dys + p, dout + base + p * 8);
-          if (accumulate_dx) cp_async_16(dxs + p, dx + base + p * 8);
-        }
-      }
-      float* stats = reinterpret_cast<float*>(st);
-      if (t == 0) cp_async_4(stats + 1, rstd + row);
-      if (kLayerNorm && t == 1) cp_async_4(stats, mean + row);
-    }
-    cp_async_commit();
-  };
+  const int tensors = accumulate_dx ? 3 : 2;
+  const bf16* const src[3] = {x, dout, dx};
 
   PackBF16 g[kPpt];
   float dgamma[kPpt][8], dbeta[kPpt][8];
@@ -226,23 +277,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     for (int j = 0; j < 8; ++j) dgamma[i][j] = dbeta[i][j] = 0.0f;
   }
 
-  for (int s = 0; s < stages - 1; ++s) issue(s);
-  for (int64_t k = 0; blockIdx.x + k * gridDim.x < rows; ++k) {
-    const int64_t row = blockIdx.x + k * gridDim.x;
-    // Stage (k + stages - 1) % stages was last read in iteration k - 1: this thread's own chunks
-    // are consumed (their values fed the dx store), and every thread read the statistics before
-    // that iteration's block reduction, which this thread has passed.
-    issue(k + stages - 1);
-    cp_async_wait(stages - 1);
-    __syncthreads();
-
-    const unsigned char* st = smem + (k % stages) * stage_bytes;
-    const float* stats = reinterpret_cast<const float*>(st);
-    const PackBF16* xs = reinterpret_cast<const PackBF16*>(st + 16);
+  for (int s = 0; s < stages - 1; ++s) ring_issue<kPpt>(ring, stages, s, rows, C, src, tensors);
+  int64_t row = blockIdx.x;
+  for (int64_t k = 0; row < rows; ++k, row += gridDim.x) {
+    ring_issue<kPpt>(ring, stages, k + stages - 1, rows, C, src, tensors);
+    const float mu = kLayerNorm ? mean[row] : 0.0f;
+    const float rs = rstd[row];
+    cp_async_wait(stages - 1);  // row k has landed
+    const PackBF16* xs = ring + (k % stages) * tensors * packs;
     const PackBF16* dys = xs + packs;
     const PackBF16* dxs = dys + packs;
-    const float mu = kLayerNorm ? stats[0] : 0.0f;
-    const float rs = stats[1];
 
     // Pass 1: the two row sums, and this row's share of the parameter gradients.
     float2 sums = make_float2(0.0f, 0.0f);  // sum(g), sum(g * xhat) with g = dout * gamma
@@ -324,53 +368,131 @@ void check_shape(int64_t rows, int C) {
                  "norm width C must be a multiple of 8 in [8, 32768], got " + std::to_string(C));
 }
 
-// Smallest packs-per-thread in {1, 2, 4, 8} that keeps a row on at most kMaxRowThreads threads.
-int packs_per_thread(int packs) {
+// Smallest packs-per-thread in {1, 2, 4, 8} that keeps a row on at most max_threads(ppt) threads.
+template <typename MaxThreads>
+int packs_per_thread(int packs, MaxThreads max_threads) {
   int ppt = 1;
-  while (ceil_div(packs, ppt) > kMaxRowThreads) ppt *= 2;
+  while (ceil_div(packs, ppt) > max_threads(ppt)) ppt *= 2;
   return ppt;
 }
 
-int device_attribute(cudaDeviceAttr attr) {
-  int device = 0, value = 0;
+// Calls f(std::integral_constant<int, ppt>) for a run-time ppt in {1, 2, 4, 8}, ppt <= kMaxPpt.
+template <int kMaxPpt = kMaxPacksPerThread, typename F>
+decltype(auto) with_ppt(int ppt, F&& f) {
+  if constexpr (kMaxPpt > 1) {
+    if (ppt > kMaxPpt / 2) return f(std::integral_constant<int, kMaxPpt>{});
+    return with_ppt<kMaxPpt / 2>(ppt, f);
+  } else {
+    return f(std::integral_constant<int, 1>{});
+  }
+}
+
+int current_device() {
+  int device = 0;
   REPLAY_CUDA_CHECK(cudaGetDevice(&device));
+  REPLAY_REQUIRE(device < kMaxDevices, "norms support device ordinals below 64");
+  return device;
+}
+
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
   REPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
   return value;
 }
 
-struct BackwardPlan {
-  int ppt, threads, blocks, stages;
-  size_t smem;
+// Lets `kernel` use the device's whole opt-in shared memory, once per device: set-up that stays
+// out of the launch path (and out of graph capture). Each kernel instantiation owns its flags.
+template <typename Kernel>
+void allow_large_smem(Kernel kernel, std::once_flag (&done)[kMaxDevices], int device) {
+  std::call_once(done[device], [&] {
+    cudaFuncAttributes attr{};
+    REPLAY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    REPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           optin - static_cast<int>(attr.sharedSizeBytes)));
+  });
+}
+
+template <bool kLayerNorm, int kPpt>
+auto forward_rows_kernel(int device) {
+  static std::once_flag done[kMaxDevices];
+  allow_large_smem(norm_forward_rows_kernel<kLayerNorm, kPpt>, done, device);
+  return norm_forward_rows_kernel<kLayerNorm, kPpt>;
+}
+
+template <bool kLayerNorm, int kPpt>
+auto backward_kernel(int device) {
+  static std::once_flag done[kMaxDevices];
+  allow_large_smem(norm_backward_kernel<kLayerNorm, kPpt>, done, device);
+  return norm_backward_kernel<kLayerNorm, kPpt>;
+}
+
+// Launch shape of a ring kernel: `threads` per block, `blocks_per_sm` resident blocks on every SM
+// (the grid is one wave of them), `stages` ring slots of slot_bytes each.
+struct RingPlan {
+  int ppt = 0, threads = 0, blocks_per_sm = 0, blocks = 0, stages = 0;
+  size_t smem = 0;
 };
 
-// Threads cover the row with ppt packs each; narrow rows get several blocks per SM. The grid (and
-// so the number of partial rows) depends only on the shape and the SM count, never on timing.
-BackwardPlan plan_backward(int64_t rows, int C, bool accumulate_dx) {
-  BackwardPlan plan{};
-  const int packs = C / 8;
-  plan.ppt = packs_per_thread(packs);
-  plan.threads = ceil_div(ceil_div(packs, plan.ppt), 32) * 32;
-  const int blocks_per_sm = std::max(1, kMaxRowThreads / plan.threads);
-  plan.blocks = static_cast<int>(std::min<int64_t>(
-      rows,
-      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount)) * blocks_per_sm));
-
-  // Enough stages to keep ~kBwdInflightBytes per SM in flight, within the shared memory of one SM.
-  const size_t stage = bwd_stage_bytes(C, accumulate_dx);
-  // (1 KiB is left for the kernel's static shared memory.)
-  const size_t smem_per_block =
-      (static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - 1024) /
-      blocks_per_sm;
-  REPLAY_REQUIRE(stage <= smem_per_block, "norm backward row does not fit in shared memory");
-  plan.stages = static_cast<int>(1 + ceil_div(kBwdInflightBytes / blocks_per_sm, stage));
-  plan.stages = std::min({plan.stages, kBwdMaxStages, static_cast<int>(smem_per_block / stage)});
-  plan.smem = plan.stages * stage;
+// As many blocks per SM as registers and threads allow, each with enough slots to keep
+// kInflightBytesPerSM in flight across the SM, within its share of the SM's shared memory; fewer
+// blocks per SM when that is what gives each block two slots (a prefetched row). `sizing_bytes`
+// sizes the blocks per SM (the grid, hence the backward's workspace, must not depend on
+// accumulate_dx); `slot_bytes` is the slot actually used. Depends only on the shape and the
+// device, never on timing.
+template <typename Kernel>
+RingPlan plan_ring(Kernel kernel, int device, int64_t rows, int ppt, int threads,
+                   size_t sizing_bytes, size_t slot_bytes) {
+  RingPlan plan;
+  plan.ppt = ppt;
+  plan.threads = threads;
+  int by_registers = 0;
+  REPLAY_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_registers, kernel, threads, 0));
+  REPLAY_REQUIRE(by_registers >= 1, "norm kernel does not fit on an SM");
+  cudaFuncAttributes attr{};
+  REPLAY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  // A block takes its dynamic and static shared memory plus the system's reservation.
+  const int64_t per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  const int64_t overhead = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, device) +
+                           static_cast<int64_t>(attr.sharedSizeBytes);
+  auto budget = [&](int b) {
+    return std::max<int64_t>(
+        0, std::min<int64_t>(attr.maxDynamicSharedSizeBytes, per_sm / b - overhead));
+  };
+  auto slots = [&](int b, size_t bytes) {
+    const size_t want = 1 + ceil_div(kInflightBytesPerSM, b * bytes);
+    return static_cast<int>(
+        std::min({want, static_cast<size_t>(kMaxStages), static_cast<size_t>(budget(b)) / bytes}));
+  };
+  int b = by_registers;
+  while (b > 1 && slots(b, sizing_bytes) < 2) --b;
+  plan.blocks_per_sm = b;
+  plan.stages = slots(b, slot_bytes);
+  REPLAY_REQUIRE(plan.stages >= 1, "norm row does not fit in shared memory");
+  plan.smem = plan.stages * slot_bytes;
+  const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  plan.blocks = static_cast<int>(std::min<int64_t>(rows, sms * b));
   return plan;
 }
 
-size_t backward_workspace_bytes(int64_t rows, int C, int outputs) {
+template <bool kLayerNorm>
+RingPlan plan_backward(int device, int64_t rows, int C, bool accumulate_dx) {
+  const int packs = C / 8;
+  const int ppt = packs_per_thread(packs, bwd_max_threads);
+  const int threads = ceil_div(ceil_div(packs, ppt), 32) * 32;
+  const size_t row_bytes = static_cast<size_t>(C) * sizeof(bf16);
+  return with_ppt(ppt, [&](auto P) {
+    return plan_ring(backward_kernel<kLayerNorm, P.value>(device), device, rows, ppt, threads,
+                     2 * row_bytes, (accumulate_dx ? 3 : 2) * row_bytes);
+  });
+}
+
+template <bool kLayerNorm>
+size_t backward_workspace_bytes(int64_t rows, int C) {
   check_shape(rows, C);
-  return static_cast<size_t>(outputs) * plan_backward(rows, C, false).blocks * C * sizeof(float);
+  const RingPlan plan = plan_backward<kLayerNorm>(current_device(), rows, C, false);
+  return static_cast<size_t>(kLayerNorm ? 2 : 1) * plan.blocks * C * sizeof(float);
 }
 
 template <bool kLayerNorm>
@@ -381,38 +503,29 @@ void norm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const bf16
                  "norm tensors must be 16-byte aligned");
   REPLAY_REQUIRE(rstd != nullptr && (!kLayerNorm || mean != nullptr), "norm statistics missing");
   const int packs = C / 8;
-  int ppt, tpr, threads;
-  int64_t blocks;
   if (packs <= kWarpRowMaxPacks) {  // one warp per row
-    ppt = packs <= 32 ? 1 : packs <= 64 ? 2 : 4;
-    tpr = 32;
-    threads = 32 * kWarpRowsPerBlock;
-    blocks = ceil_div<int64_t>(rows, kWarpRowsPerBlock);
-  } else {  // one block per row
-    ppt = packs_per_thread(packs);
-    tpr = ceil_div(ceil_div(packs, ppt), 32) * 32;
-    threads = tpr;
-    blocks = rows;
+    const int ppt = packs <= 32 ? 1 : packs <= 64 ? 2 : 4;
+    const int64_t blocks = ceil_div<int64_t>(rows, kWarpRowsPerBlock);
+    with_ppt<4>(ppt, [&](auto P) {
+      norm_forward_warp_kernel<kLayerNorm, P.value>
+          <<<static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream>>>(
+              out, mean, rstd, x, gamma, beta, rows, C, eps);
+      REPLAY_LAUNCH_CHECK();
+    });
+    return;
   }
-  auto launch = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(out, mean, rstd, x, gamma, beta,
-                                                                  rows, C, tpr, eps);
+  // One block per row at a time, a ring of rows in flight per block.
+  const int device = current_device();
+  const int ppt = packs_per_thread(packs, [](int) { return kMaxRowThreads; });
+  const int threads = ceil_div(ceil_div(packs, ppt), 32) * 32;
+  const size_t row_bytes = static_cast<size_t>(C) * sizeof(bf16);
+  with_ppt(ppt, [&](auto P) {
+    const auto kernel = forward_rows_kernel<kLayerNorm, P.value>(device);
+    const RingPlan plan = plan_ring(kernel, device, rows, ppt, threads, row_bytes, row_bytes);
+    kernel<<<plan.blocks, plan.threads, plan.smem, stream>>>(out, mean, rstd, x, gamma, beta, rows,
+                                                             C, plan.stages, eps);
     REPLAY_LAUNCH_CHECK();
-  };
-  switch (ppt) {
-    case 1:
-      launch(norm_forward_kernel<kLayerNorm, 1>);
-      break;
-    case 2:
-      launch(norm_forward_kernel<kLayerNorm, 2>);
-      break;
-    case 4:
-      launch(norm_forward_kernel<kLayerNorm, 4>);
-      break;
-    default:
-      launch(norm_forward_kernel<kLayerNorm, 8>);
-      break;
-  }
+  });
 }
 
 template <bool kLayerNorm>
@@ -428,35 +541,19 @@ void norm_backward(bf16* dx, float* dgamma, float* dbeta, const bf16* dout, cons
                      (!kLayerNorm || (mean != nullptr && dbeta != nullptr)),
                  "norm backward input or output missing");
   constexpr int kOutputs = kLayerNorm ? 2 : 1;
-  const BackwardPlan plan = plan_backward(rows, C, accumulate_dx);
+  const int device = current_device();
+  const RingPlan plan = plan_backward<kLayerNorm>(device, rows, C, accumulate_dx);
   const size_t needed = static_cast<size_t>(kOutputs) * plan.blocks * C * sizeof(float);
   REPLAY_REQUIRE(workspace != nullptr && workspace_bytes >= needed,
                  "norm backward workspace too small: " + std::to_string(workspace_bytes) + " < " +
                      std::to_string(needed));
   float* partials = static_cast<float*>(workspace);
-
-  auto launch = [&](auto kernel) {
-    REPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(plan.smem)));
-    kernel<<<plan.blocks, plan.threads, plan.smem, stream>>>(
+  with_ppt(plan.ppt, [&](auto P) {
+    backward_kernel<kLayerNorm, P.value>(device)<<<plan.blocks, plan.threads, plan.smem, stream>>>(
         dx, partials, dout, x, gamma, mean, rstd, rows, C, plan.stages, accumulate_dx);
     REPLAY_LAUNCH_CHECK();
-  };
-  switch (plan.ppt) {
-    case 1:
-      launch(norm_backward_kernel<kLayerNorm, 1>);
-      break;
-    case 2:
-      launch(norm_backward_kernel<kLayerNorm, 2>);
-      break;
-    case 4:
-      launch(norm_backward_kernel<kLayerNorm, 4>);
-      break;
-    default:
-      launch(norm_backward_kernel<kLayerNorm, 8>);
-      break;
-  }
-  column_sums<kOutputs>(dgamma, dbeta, partials, plan.blocks, C, accumulate_param_grads, stream);
+  });
+  column_sums(kOutputs, dgamma, dbeta, partials, plan.blocks, C, accumulate_param_grads, stream);
 }
 
 }  // namespace
@@ -472,11 +569,11 @@ void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* gamma, i
 }
 
 size_t layernorm_backward_workspace_bytes(int64_t rows, int C) {
-  return backward_workspace_bytes(rows, C, 2);
+  return backward_workspace_bytes<true>(rows, C);
 }
 
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int C) {
-  return backward_workspace_bytes(rows, C, 1);
+  return backward_workspace_bytes<false>(rows, C);
 }
 
 void layernorm_backward(bf16* dx, float* dgamma, float* dbeta, const bf16* dout, const bf16* x,

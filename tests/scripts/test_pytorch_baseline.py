@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Tests of scripts/pytorch_baseline.py's pure parts (shape table, FLOP formulas, names, statistics, JSON
-entries, argument errors), run without torch; importing the script must not import torch."""
+"""Tests of scripts/pytorch_baseline.py's pure parts, run without torch: the ops shape table, FLOP formulas,
+names, statistics and JSON entries; the gpt3 shard's shapes, parameter counts, FLOPs, default layers,
+learning-rate schedule, data order, token-file checks, loss hash and JSON document; argument errors.
+Importing the script must not import torch."""
 
 import importlib.util
+import json
+import math
 import os
 import re
 import subprocess
@@ -14,6 +18,7 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 sys.path.insert(0, SCRIPTS)
 TORCH_PRESENT = "torch" in sys.modules or importlib.util.find_spec("torch") is not None
 import pytorch_baseline as pb  # noqa: E402
+import report  # noqa: E402
 
 
 def run_cli(*args):
@@ -25,6 +30,7 @@ class Import(unittest.TestCase):
     @unittest.skipIf(TORCH_PRESENT, "torch is installed here")
     def test_import_does_not_need_torch(self):
         self.assertNotIn("torch", sys.modules)
+        self.assertNotIn("pytorch_gpt3", sys.modules)  # the model module is loaded only to run
 
 
 class Shapes(unittest.TestCase):
@@ -134,6 +140,214 @@ class Statistics(unittest.TestCase):
         self.assertIsNotNone(r["flops"])
 
 
+TP4 = pb.gpt3_config("175b-tp4")
+TP8 = pb.gpt3_config("175b-tp8")
+
+
+class Gpt3Shapes(unittest.TestCase):
+    def test_tp4_shard(self):
+        for key, value in {"hidden": 12288, "heads": 24, "head_dim": 128, "ffn": 12288, "seq": 2048,
+                           "micro_batch": 1, "vocab": 50304, "vocab_shard": 12576, "data_vocab": 50257,
+                           "tp": 4, "model_layers": 96}.items():
+            self.assertEqual(TP4[key], value, key)
+
+    def test_tp8_shard(self):
+        self.assertEqual((TP8["heads"], TP8["ffn"], TP8["vocab_shard"], TP8["tp"]), (12, 6144, 6288, 8))
+
+    def test_tiny_is_small(self):
+        tiny = pb.gpt3_config("tiny")
+        self.assertLess(pb.gpt3_params(tiny, pb.default_layers(tiny)), 10_000_000)
+        self.assertEqual(tiny["vocab_shard"], tiny["vocab"])  # TP 1: the whole vocabulary
+
+    def test_vocab_padding(self):
+        self.assertEqual(pb.padded_vocab(50257), 50304)
+        self.assertEqual(pb.padded_vocab(512), 512)
+        self.assertEqual(pb.padded_vocab(513), 640)
+
+    def test_unknown_preset(self):
+        with self.assertRaises(ValueError):
+            pb.gpt3_config("175b-tp3")
+
+    def test_layer_params_match_the_op_shapes(self):
+        # reference/workloads.md: about 453M parameters per layer per GPU at TP4; the weights are exactly
+        # the GEMMs that `ops` times for the same shard, plus biases and two LayerNorms.
+        weights = sum(n * k for _, n, k in pb.SHARDS["gpt3_175b_tp4"]["linears"])
+        biases = 9216 + 3 * 12288
+        self.assertEqual(pb.gpt3_layer_params(TP4), weights + biases + 4 * 12288)
+        self.assertEqual(pb.gpt3_layer_params(TP4), 453_080_064)
+
+    def test_embedding_params(self):
+        self.assertEqual(pb.gpt3_embedding_params(TP4), 12576 * 12288 + 2048 * 12288 + 2 * 12288)
+        self.assertEqual(pb.gpt3_params(TP4, 7), 7 * 453_080_064 + pb.gpt3_embedding_params(TP4))
+
+    def test_whole_model_at_tp1_is_gpt3_175b(self):
+        full = dict(TP4, heads=96, ffn=49152, vocab_shard=50304, tp=1)
+        n = pb.gpt3_params(full, 96)
+        self.assertAlmostEqual(n / 175e9, 1.0, delta=0.005)
+        per_token = pb.gpt3_flops_per_step(full, 96) / 2048
+        self.assertAlmostEqual(per_token / 1.077e12, 1.0, delta=0.005)  # reference/workloads.md
+
+
+class Gpt3Flops(unittest.TestCase):
+    def test_formula(self):
+        tokens = 2048
+        expected = 6.0 * pb.gpt3_params(TP4, 7) * tokens + 12.0 * 7 * 2048 * (24 * 128) * tokens
+        self.assertEqual(pb.gpt3_flops_per_step(TP4, 7), expected)
+
+    def test_attention_term_uses_this_shards_heads(self):
+        # Halving the heads per GPU (TP4 -> TP8) halves the attention term.
+        attn = lambda cfg: pb.gpt3_flops_per_step(cfg, 1) - 6.0 * pb.gpt3_params(cfg, 1) * 2048  # noqa: E731
+        self.assertAlmostEqual(attn(TP4) / attn(TP8), 2.0)
+
+    def test_formula_string_in_the_json_says_what_d_is(self):
+        self.assertIn("6*N*tokens + 12*L*s*d*tokens", pb.GPT3_FLOPS_FORMULA)
+        self.assertIn("heads x head_dim", pb.GPT3_FLOPS_FORMULA)
+
+
+class Gpt3DefaultLayers(unittest.TestCase):
+    def test_what_fits_an_80gb_h100(self):
+        self.assertEqual(pb.default_layers(TP4), 7)
+        self.assertEqual(pb.default_layers(TP8), 15)
+        # and the state of those layers does fit the budget, one more layer does not
+        for cfg, layers in ((TP4, 7), (TP8, 15)):
+            self.assertLessEqual(18 * pb.gpt3_params(cfg, layers), pb.STATE_BUDGET_BYTES)
+            self.assertGreater(18 * pb.gpt3_params(cfg, layers + 1), pb.STATE_BUDGET_BYTES)
+
+    def test_capped_by_the_model_and_at_least_one(self):
+        tiny = pb.gpt3_config("tiny")
+        self.assertEqual(pb.default_layers(tiny), tiny["model_layers"])
+        self.assertEqual(pb.default_layers(TP4, budget_bytes=1), 1)
+
+    def test_bytes_per_parameter(self):
+        self.assertEqual(pb.STATE_BYTES_PER_PARAM, 4 + 2 + 4 + 4 + 4)
+        self.assertGreater(pb.default_layers(TP4, bytes_per_param=16), 7)
+
+
+class Gpt3Schedule(unittest.TestCase):
+    def test_warmup_then_cosine(self):
+        o = pb.GPT3_OPTIMIZER
+        self.assertAlmostEqual(pb.lr_at(0), o["lr"] / o["warmup_steps"])
+        self.assertAlmostEqual(pb.lr_at(o["warmup_steps"] - 1), o["lr"])
+        self.assertAlmostEqual(pb.lr_at(o["warmup_steps"]), o["lr"])
+        middle = (o["warmup_steps"] + o["decay_steps"]) / 2
+        self.assertAlmostEqual(pb.lr_at(middle), (o["lr"] + o["min_lr"]) / 2)
+        self.assertAlmostEqual(pb.lr_at(o["decay_steps"]), o["min_lr"])
+        self.assertAlmostEqual(pb.lr_at(10 * o["decay_steps"]), o["min_lr"])
+        lrs = [pb.lr_at(s) for s in range(0, 2 * o["decay_steps"], 997)]
+        peak = lrs.index(max(lrs))
+        self.assertTrue(all(a <= b for a, b in zip(lrs[:peak], lrs[1:peak + 1])))
+        self.assertTrue(all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1:])))
+
+    def test_mlperf_hyperparameters(self):
+        o = pb.GPT3_OPTIMIZER
+        self.assertEqual((o["betas"], o["eps"], o["weight_decay"], o["clip_norm"]),
+                         ((0.9, 0.95), 1e-8, 0.1, 1.0))
+        self.assertEqual(o["warmup_steps"], math.ceil(265 * 1536 / 1536))
+
+
+class Gpt3Data(unittest.TestCase):
+    def test_sequential_batches_skip_leftovers_and_wrap(self):
+        self.assertEqual(pb.sequential_batches(5, 2, 5), [[0, 1], [2, 3], [0, 1], [2, 3], [0, 1]])
+        self.assertEqual(pb.sequential_batches(3, 1, 4), [[0], [1], [2], [0]])
+        with self.assertRaises(ValueError):
+            pb.sequential_batches(1, 2, 1)
+
+    def test_shard_entropy(self):
+        self.assertAlmostEqual(pb.shard_entropy(512, 512), math.log(512))
+        # 50257 ids onto 12576: 12529 shard ids receive 4 source ids, 47 receive 3
+        p4, p3 = 4 / 50257, 3 / 50257
+        expected = -(12529 * p4 * math.log(p4) + 47 * p3 * math.log(p3))
+        self.assertAlmostEqual(pb.shard_entropy(50257, 12576), expected)
+        self.assertLess(pb.shard_entropy(50257, 12576), math.log(12576))
+
+    def good_attrs(self, **changes):
+        attrs = {"format": b"replay-tokens", "format_version": 1, "vocab_size": 50257, "seq_len": 2048,
+                 "num_sequences": 16}
+        attrs.update(changes)
+        return attrs
+
+    def test_token_file_accepted(self):
+        self.assertIsNone(pb.token_file_problem(self.good_attrs(), (16, 2049), True, TP4))
+        self.assertIsNone(pb.token_file_problem(self.good_attrs(format="replay-tokens"), (16, 2049), True, TP4))
+
+    def test_token_file_problems(self):
+        cases = [
+            (self.good_attrs(format="other"), (16, 2049), True, "format is"),
+            (self.good_attrs(format_version=2), (16, 2049), True, "format_version"),
+            (self.good_attrs(), None, True, "no dataset /tokens"),
+            (self.good_attrs(), (16, 2049, 1), True, "rank 3"),
+            (self.good_attrs(), (16, 2049), False, "not 32-bit integers"),
+            (self.good_attrs(seq_len=0), (16, 1), True, "seq_len is 0"),
+            (self.good_attrs(vocab_size=1.5), (16, 2049), True, "vocab_size is 1.5"),
+            (self.good_attrs(), (15, 2049), True, "/tokens shape [15, 2049]"),
+            (self.good_attrs(seq_len=1024), (16, 1025), True, "not the model's 2048"),
+            (self.good_attrs(vocab_size=60000), (16, 2049), True, "larger than the model's vocabulary 50304"),
+        ]
+        for attrs, shape, is_int32, fragment in cases:
+            with self.subTest(fragment):
+                self.assertIn(fragment, pb.token_file_problem(attrs, shape, is_int32, TP4) or "")
+
+
+class Gpt3Json(unittest.TestCase):
+    def document(self, graphs="full"):
+        measured = {"version": "2.11.0", "environment": {"gpu": "Test GPU"}, "settings": {},
+                    "attention_backend": "FLASH_ATTENTION",
+                    "memory": {"peak_bytes": 70e9, "reserved_bytes": 72e9, "arena_bytes": None,
+                               "graph_extra_bytes": None},
+                    "graphs_info": {"count": 1, "nodes": 900, "capture_ms": 400.0, "instantiate_ms": 100.0},
+                    "losses": [10.5, 10.25], "weights_hash": "00ff", "loss_floor": 9.44}
+        run = {"preset": "175b-tp4", "graphs": graphs, "seed": 1234, "steps": 4, "warmup": 3, "data": "random"}
+        return pb.gpt3_document(TP4, 7, run, [200.0, 210.0, 190.0, 205.0], [50.0, 60.0, 70.0, 80.0], 800.0,
+                                measured)
+
+    def test_rates(self):
+        d = self.document()
+        self.assertEqual(d["step_ms"]["median"], 202.5)
+        self.assertEqual(d["step_ms"]["count"], 4)
+        self.assertAlmostEqual(d["throughput"]["tokens_per_s"], 2048 / 0.2025)
+        self.assertAlmostEqual(d["throughput"]["samples_per_s"], 1 / 0.2025)
+        self.assertAlmostEqual(d["model_tflops"], pb.gpt3_flops_per_step(TP4, 7) / 0.2025 / 1e12)
+        self.assertAlmostEqual(d["mfu"], d["model_tflops"] / 800.0)
+        self.assertEqual(d["host_enqueue_us"]["median"], 65.0)
+        self.assertEqual(d["loss_hash"], pb.loss_hash([10.5, 10.25]))
+
+    def test_schema_keys(self):
+        d = self.document()
+        for key in ("tool", "version", "workload", "preset", "graphs", "environment", "config",
+                    "tensor_parallel_collectives", "step_ms", "host_enqueue_us", "throughput", "model_tflops",
+                    "flops_per_step", "flops_formula", "mfu", "peaks", "memory", "graphs_info", "losses",
+                    "loss_hash", "weights_hash", "loss_floor"):
+            self.assertIn(key, d)
+        for key in ("layers", "hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
+                    "vocab", "vocab_shard", "tp", "dropout", "seed", "steps", "warmup", "precision"):
+            self.assertIn(key, d["config"])
+        self.assertEqual((d["tool"], d["workload"], d["config"]["layers"]), ("pytorch", "gpt3", 7))
+        json.dumps(d, allow_nan=False)
+
+    def test_every_key_is_documented(self):
+        with open(os.path.join(SCRIPTS, "..", "reports", "SCHEMA.md")) as f:
+            schema = f.read()
+        d = self.document()
+        for key in list(d) + list(d["config"]) + list(d["memory"]) + list(d["optimizer"]):
+            self.assertIn(f'"{key}"', schema, key)
+
+    def test_report_accepts_it(self):
+        for graphs in ("none", "full"):
+            d = report.validate_workload(self.document(graphs), f"pytorch_gpt3_175b-tp4_{graphs}.json")
+            self.assertEqual(d["graphs"], graphs)
+            self.assertEqual(report.workload_file_key(f"pytorch_gpt3_175b-tp4_{graphs}.json"),
+                             ("pytorch", "gpt3", "175b-tp4", graphs, 0))
+
+
+class LossHash(unittest.TestCase):
+    def test_known_value_and_float32_bits(self):
+        self.assertEqual(pb.loss_hash([]), "cbf29ce484222325")  # FNV-1a 64 offset basis
+        self.assertEqual(pb.loss_hash([1.0, 2.5]), "09e6a9ee2dfe8d78")
+        self.assertEqual(pb.loss_hash([1.0]), pb.loss_hash([1.0 + 1e-12]))  # same float32
+        self.assertNotEqual(pb.loss_hash([0.0]), pb.loss_hash([-0.0]))
+        self.assertNotEqual(pb.loss_hash([1.0, 2.0]), pb.loss_hash([2.0, 1.0]))
+
+
 class CommandLine(unittest.TestCase):
     def test_bad_regex_is_a_usage_error(self):
         p = run_cli("ops", "--json", os.devnull, "--only", "(")
@@ -158,6 +372,43 @@ class CommandLine(unittest.TestCase):
             self.assertEqual(p.returncode, 2)
             self.assertIn("pytorch_baseline.py: error: PyTorch is not importable", p.stderr)
             self.assertNotIn("Traceback", p.stderr)
+            self.assertFalse(os.path.exists(out))
+
+    def test_gpt3_layers_beyond_the_model(self):
+        p = run_cli("gpt3", "--preset", "tiny", "--layers", "3", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("the tiny model has 2 layers", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+
+    def test_gpt3_full_graph_needs_warmup(self):
+        p = run_cli("gpt3", "--graphs", "full", "--warmup", "0", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--graphs full needs --warmup 1 or more", p.stderr)
+
+    def test_gpt3_missing_data_file(self):
+        p = run_cli("gpt3", "--data", "/no/such/tokens.h5", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--data /no/such/tokens.h5: no such file", p.stderr)
+
+    def test_gpt3_json_directory_must_exist(self):
+        p = run_cli("gpt3", "--json", "/no/such/dir/out.json")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("does not exist", p.stderr)
+
+    def test_gpt3_bad_choices(self):
+        for args in (("--preset", "175b-tp3"), ("--graphs", "layer"), ("--steps", "0")):
+            with self.subTest(args):
+                p = run_cli("gpt3", *args, "--json", os.devnull)
+                self.assertEqual(p.returncode, 2)
+                self.assertIn("usage:", p.stderr)
+
+    @unittest.skipIf(TORCH_PRESENT, "torch is installed here (the no-torch path cannot be exercised)")
+    def test_gpt3_no_torch_is_a_clear_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "out.json")
+            p = run_cli("gpt3", "--preset", "tiny", "--json", out)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("pytorch_baseline.py: error: PyTorch is not importable", p.stderr)
             self.assertFalse(os.path.exists(out))
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests of scripts/report.py: synthetic benchmark JSON in a temporary directory, the markdown rows,
-ratios and verdicts it yields, the plots, and clear errors on malformed input. CPU only; the plot tests
+ratios and verdicts it yields (op benchmarks, graph-layer sweep, workload runs against PyTorch), the plots,
+and clear errors on malformed input. CPU only; the plot tests
 skip where matplotlib is not importable."""
 
 import contextlib
@@ -78,6 +79,41 @@ def graphs_doc():
                                 (20, 1400.0, 1000.0, 1050.0), (40, 2400.0, 1000.0, 1000.0)]]
     return {"tool": "replay-graphs-bench", "environment": {"gpu": "Test GPU"}, "chain": chain,
             "mix": dict(chain, kernels=200), "sweep": sweep}
+
+
+def workload_doc(tool, mode, median_ms, peak_bytes=70e9, loss_hash="00aa", capture=(300.0, 500.0), delay=None,
+                 layers=7, flops=42e12):
+    """A workload run (reports/SCHEMA.md) of gpt3 175b-tp4."""
+    graphed = mode != "none"
+    doc = {"tool": "replay-gpt3" if tool == "replay" else "pytorch", "version": "test", "workload": "gpt3",
+           "preset": "175b-tp4", "graphs": mode, "environment": {"gpu": "Test GPU"},
+           "config": {"layers": layers, "hidden": 12288, "heads": 24, "seq": 2048, "micro_batch": 1,
+                      "steps": 50},
+           "step_ms": {"median": median_ms, "p10": median_ms * 0.99, "p90": median_ms * 1.01, "mean": median_ms,
+                       "count": 50},
+           "host_enqueue_us": {"median": 80.0, "p90": 90.0},
+           "throughput": {"tokens_per_s": 2048 / median_ms * 1e3, "samples_per_s": 1e3 / median_ms},
+           "model_tflops": flops / median_ms / 1e9, "flops_per_step": flops, "mfu": 0.5,
+           "peaks": {"bf16_gemm_tflops": 800.0}, "memory": {"peak_bytes": peak_bytes},
+           "graphs_info": {"count": 1 if graphed else 0, "nodes": 900 if graphed else 0,
+                           "capture_ms": capture[0] if graphed else None,
+                           "instantiate_ms": capture[1] if graphed else None},
+           "losses": [10.0, 9.5], "loss_hash": loss_hash}
+    if delay is not None:
+        doc["config"]["host_delay_us"] = delay
+    return doc
+
+
+def workload_runs():
+    """File name -> doc: replay full 0.90x PyTorch graphed (exactly at the target), eager 0.95x."""
+    return {
+        "replay_gpt3_175b-tp4_none.json": workload_doc("replay", "none", 100.0),
+        "replay_gpt3_175b-tp4_layer.json": workload_doc("replay", "layer", 95.0, peak_bytes=70.7e9),
+        "replay_gpt3_175b-tp4_full.json": workload_doc("replay", "full", 90.0, peak_bytes=70.2e9),
+        "pytorch_gpt3_175b-tp4_none.json": workload_doc("pytorch", "none", 105.0, loss_hash="11bb"),
+        "pytorch_gpt3_175b-tp4_full.json": workload_doc("pytorch", "full", 100.0, peak_bytes=75e9,
+                                                        loss_hash="11bb"),
+    }
 
 
 def table_row(md, name):
@@ -230,6 +266,20 @@ class OpsComparison(TempDirCase):
         self.assertEqual(rc, 0)
         self.assertTrue(os.path.getsize(os.path.join(out, "ops_summary.md")) > 0)
 
+    def test_without_pytorch_json(self):
+        rp = self.write("r.json", replay_doc())
+        out = os.path.join(self.dir, "nopt")
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = report.main(["ops", "--replay", rp, "--out", out])
+        self.assertEqual(rc, 0)
+        with open(os.path.join(out, "ops_summary.md")) as f:
+            md = f.read()
+        self.assertIn("no PyTorch JSON (the baseline was not run)", md)
+        cells = table_row(md, "`s.qkv.fwd`")
+        self.assertEqual(cells[4], "missing")
+        self.assertTrue(cells[-1].startswith("missing"))
+        self.assertEqual(table_row(md, "`s.layernorm.fwd`")[-1], "pass")  # kernels need only replay
+
     def test_without_matplotlib_the_tables_still_come(self):
         with mock.patch.object(report, "_pyplot", return_value=None), \
                 contextlib.redirect_stderr(io.StringIO()) as err:
@@ -380,6 +430,279 @@ class GraphsReport(TempDirCase):
         self.assertGreater(os.path.getsize(png), 1000)
         with open(png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class WorkloadsReport(TempDirCase):
+    def run_workloads(self, runs=None, extra=None):
+        d = os.path.join(self.dir, "runs")
+        os.makedirs(d, exist_ok=True)
+        files = dict(workload_runs() if runs is None else runs)
+        files.update(extra or {})
+        for name, doc in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        out = os.path.join(self.dir, "out")
+        md, verdicts = report.report_workloads(d, out)
+        with open(md) as f:
+            text = f.read()
+        return text, {t["name"]: t for t in verdicts[("gpt3", "175b-tp4")]}, out
+
+    def test_file_names(self):
+        key = report.workload_file_key
+        self.assertEqual(key("replay_gpt3_175b-tp4_full.json"), ("replay", "gpt3", "175b-tp4", "full", 0))
+        self.assertEqual(key("pytorch_llama31_405b-tp8_none.json"),
+                         ("pytorch", "llama31", "405b-tp8", "none", 0))
+        self.assertEqual(key("replay_gpt3_tiny_none_delay20us.json"), ("replay", "gpt3", "tiny", "none", 20))
+        for other in ("replay_ops.json", "pytorch_ops.json", "graphs_bench.json",
+                      "replay_gpt3_tiny_full.mllog"):
+            self.assertIsNone(key(other), other)
+        for bad in ("replay_gpt3_175b-tp4_eager.json", "replay_gpt3_full.json",
+                    "pytorch_gpt3_tiny_full_20us.json"):
+            with self.subTest(bad), self.assertRaises(report.ReportError) as cm:
+                key(bad)
+            self.assertIn("<tool>_<workload>_<preset>_<mode>.json", str(cm.exception))
+
+    def test_targets_and_ratios(self):
+        _, t, _ = self.run_workloads()
+        full = t["full-graph step time / PyTorch graphed"]
+        self.assertAlmostEqual(full["value"], 0.90)
+        self.assertEqual(full["status"], report.PASS)  # exactly at the target passes
+        eager = t["eager step time / PyTorch eager"]
+        self.assertAlmostEqual(eager["value"], 100 / 105)
+        self.assertEqual(eager["status"], report.PASS)
+        self.assertAlmostEqual(t["peak memory, layer graphs / eager"]["value"], 1.01)
+        self.assertEqual(t["peak memory, layer graphs / eager"]["status"], report.PASS)  # 1% exactly
+        self.assertEqual(t["peak memory, full graphs / eager"]["status"], report.PASS)
+        self.assertEqual(t["capture + instantiate, full graphs (ms)"]["value"], 800.0)
+        self.assertEqual(t["capture + instantiate, full graphs (ms)"]["status"], report.PASS)
+        self.assertEqual(t["loss hash identical across replay's modes"]["status"], report.PASS)
+
+    def test_failures(self):
+        runs = workload_runs()
+        runs["replay_gpt3_175b-tp4_full.json"] = workload_doc("replay", "full", 91.0, peak_bytes=71e9,
+                                                              loss_hash="00ab", capture=(1500.0, 500.0))
+        runs["replay_gpt3_175b-tp4_none.json"] = workload_doc("replay", "none", 106.0)
+        md, t, _ = self.run_workloads(runs)
+        for name in ("full-graph step time / PyTorch graphed", "eager step time / PyTorch eager",
+                     "peak memory, full graphs / eager", "capture + instantiate, full graphs (ms)",
+                     "loss hash identical across replay's modes"):
+            self.assertEqual(t[name]["status"], report.FAIL, name)
+        self.assertIn("full 00ab", t["loss hash identical across replay's modes"]["note"])
+        self.assertIn("2 of 7 targets met (5 failed, 0 not judged).", md)
+        cells = table_row(md, "full-graph step time / PyTorch graphed")
+        self.assertEqual(cells[1:], ["0.910", "<= 0.90", "FAIL"])
+
+    def test_markdown_rows(self):
+        md, _, _ = self.run_workloads()
+        cells = table_row(md, "replay full")
+        # run, median, p10/p90, ÷ PyTorch, host µs, tokens/s, TFLOP/s, MFU, GiB, graphs, setup, hash
+        self.assertEqual(cells[1], "90.000")
+        self.assertEqual(cells[2], "89.100 / 90.900")
+        self.assertEqual(cells[3], "0.900")
+        self.assertEqual(cells[5], "22756")
+        self.assertEqual(cells[6], "466.7")
+        self.assertEqual(cells[8], "65.38")
+        self.assertEqual(cells[9], "1 / 900")
+        self.assertEqual(cells[10], "300.0 + 500.0")
+        self.assertEqual(cells[11], "`00aa`")
+        self.assertEqual(table_row(md, "replay none")[3], "0.952")  # against PyTorch eager
+        self.assertEqual(table_row(md, "pytorch full")[3], "—")
+
+    def test_missing_runs_are_shown(self):
+        runs = workload_runs()
+        del runs["replay_gpt3_175b-tp4_layer.json"]
+        del runs["pytorch_gpt3_175b-tp4_full.json"]
+        md, t, _ = self.run_workloads(runs)
+        self.assertEqual(table_row(md, "replay layer")[1], "missing")
+        self.assertEqual(table_row(md, "pytorch full")[1], "missing")
+        self.assertEqual(table_row(md, "replay full")[3], "—")  # no basis
+        full = t["full-graph step time / PyTorch graphed"]
+        self.assertEqual(full["status"], report.MISSING)
+        self.assertIn("no pytorch run", full["note"])
+        self.assertEqual(t["peak memory, layer graphs / eager"]["status"], report.MISSING)
+        self.assertEqual(t["capture + instantiate, layer graphs (ms)"]["status"], report.MISSING)
+        hashes = t["loss hash identical across replay's modes"]
+        self.assertEqual(hashes["status"], report.PASS)  # none and full agree
+        self.assertIn("no layer run", hashes["note"])
+        # met: eager ratio, full-graph memory, full-graph capture, loss hashes; 3 not judged
+        self.assertIn("4 of 7 targets met (0 failed, 3 not judged).", md)
+
+    def test_pytorch_has_no_layer_row(self):
+        md, _, _ = self.run_workloads()
+        with self.assertRaises(AssertionError):
+            table_row(md, "pytorch layer")
+
+    def test_different_shapes_are_not_compared(self):
+        runs = workload_runs()
+        runs["pytorch_gpt3_175b-tp4_full.json"] = workload_doc("pytorch", "full", 100.0, layers=6)
+        md, t, _ = self.run_workloads(runs)
+        full = t["full-graph step time / PyTorch graphed"]
+        self.assertEqual(full["status"], report.MISMATCH)
+        self.assertIn("layers 7 vs 6", full["note"])
+
+    def test_flop_formula_disagreement_is_said(self):
+        runs = workload_runs()
+        for name in ("pytorch_gpt3_175b-tp4_none.json", "pytorch_gpt3_175b-tp4_full.json"):
+            runs[name]["flops_per_step"] = 40e12
+        md, t, _ = self.run_workloads(runs)
+        self.assertIn("flops_per_step differs", md)
+        self.assertEqual(t["full-graph step time / PyTorch graphed"]["status"], report.PASS)
+
+    def test_capture_without_instantiate_time_is_not_judged(self):
+        runs = workload_runs()
+        runs["replay_gpt3_175b-tp4_full.json"]["graphs_info"]["instantiate_ms"] = None
+        _, t, _ = self.run_workloads(runs)
+        self.assertEqual(t["capture + instantiate, full graphs (ms)"]["status"], report.MISSING)
+
+    def test_host_delay_runs(self):
+        extra = {}
+        for d, eager in ((10, 120.0), (40, 180.0)):
+            extra[f"replay_gpt3_175b-tp4_none_delay{d}us.json"] = workload_doc("replay", "none", eager, delay=d)
+            extra[f"replay_gpt3_175b-tp4_full_delay{d}us.json"] = workload_doc("replay", "full", 90.0, delay=d)
+        md, t, out = self.run_workloads(extra=extra)
+        # the main table and the targets use the runs without delay
+        self.assertEqual(table_row(md, "replay none")[1], "100.000")
+        self.assertAlmostEqual(t["eager step time / PyTorch eager"]["value"], 100 / 105)
+        section = md[md.index("### Graphs against simulated host delay"):]
+        row40 = dict(zip(table_row(section, "host delay µs")[1:], table_row(section, "40")[1:]))
+        self.assertEqual(row40["replay none ms"], "180.000")
+        self.assertEqual(row40["replay layer ms"], "missing")
+        self.assertEqual(row40["replay none / full"], "2.00")
+        self.assertEqual(row40["replay none / layer"], "—")
+        self.assertNotIn("pytorch none ms", row40)  # PyTorch ran no delays
+        points = report.host_delay_points({("replay", "none", 0): workload_doc("replay", "none", 100.0),
+                                           ("replay", "full", 0): workload_doc("replay", "full", 90.0),
+                                           ("replay", "none", 10): workload_doc("replay", "none", 120.0),
+                                           ("replay", "full", 10): workload_doc("replay", "full", 90.0)})
+        self.assertEqual([d for d, _ in points[("replay", "full")]], [0, 10])
+        self.assertAlmostEqual(points[("replay", "full")][1][1], 120 / 90)
+        if HAVE_MATPLOTLIB:
+            self.assertTrue(os.path.exists(os.path.join(out, "gpt3_175b-tp4_host_delay.png")))
+
+    def test_no_host_delay_plot_without_delay_runs(self):
+        md, _, out = self.run_workloads()
+        self.assertNotIn("host_delay.png", md)
+        self.assertNotIn("Graphs against simulated host delay", md)
+        self.assertFalse(os.path.exists(os.path.join(out, "gpt3_175b-tp4_host_delay.png")))
+
+    def test_other_files_are_ignored(self):
+        md, _, _ = self.run_workloads(extra={"replay_ops.json": replay_doc(), "pytorch_ops.json": pytorch_doc(),
+                                             "graphs_bench.json": graphs_doc(), "notes.txt": "x"})
+        self.assertIn("Inputs: 5 runs", md)
+
+    def test_presets_get_their_own_sections(self):
+        tiny = workload_doc("replay", "none", 1.0)
+        tiny["preset"] = "tiny"
+        md, _, _ = self.run_workloads(extra={"replay_gpt3_tiny_none.json": tiny})
+        self.assertIn("## gpt3 175b-tp4", md)
+        self.assertIn("## gpt3 tiny", md)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not importable")
+    def test_step_time_plot_written(self):
+        extra = {"replay_gpt3_175b-tp4_none_delay20us.json": workload_doc("replay", "none", 140.0, delay=20),
+                 "replay_gpt3_175b-tp4_full_delay20us.json": workload_doc("replay", "full", 90.0, delay=20)}
+        md, _, out = self.run_workloads(extra=extra)
+        for name in ("gpt3_175b-tp4_step_time.png", "gpt3_175b-tp4_host_delay.png"):
+            png = os.path.join(out, name)
+            self.assertGreater(os.path.getsize(png), 1000, name)
+            with open(png, "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+            self.assertIn(f"]({name})", md)
+
+    def test_without_matplotlib_the_tables_still_come(self):
+        with mock.patch.object(report, "_pyplot", return_value=None), \
+                contextlib.redirect_stderr(io.StringIO()):
+            md, t, out = self.run_workloads()
+        self.assertIn("gpt3_175b-tp4_step_time.png not written", md)
+        self.assertEqual(t["eager step time / PyTorch eager"]["status"], report.PASS)
+
+    def test_cli_out_defaults_to_dir(self):
+        d = os.path.join(self.dir, "cli")
+        os.makedirs(d)
+        for name, doc in workload_runs().items():
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = report.main(["workloads", "--dir", d])
+        self.assertEqual(rc, 0)
+        self.assertTrue(os.path.exists(os.path.join(d, "workloads_summary.md")))
+
+
+class MalformedWorkloads(TempDirCase):
+    def expect_error(self, files, *fragments):
+        d = tempfile.mkdtemp(dir=self.dir)
+        for name, doc in files.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(doc if isinstance(doc, str) else json.dumps(doc))
+        out = os.path.join(d, "out")
+        with self.assertRaises(report.ReportError) as cm:
+            report.report_workloads(d, out)
+        for fragment in fragments:
+            self.assertIn(fragment, str(cm.exception))
+        self.assertFalse(os.path.exists(out), "nothing may be written from malformed input")
+
+    def with_bad(self, name, change):
+        files = workload_runs()
+        change(files[name])
+        return files
+
+    def test_empty_directory(self):
+        self.expect_error({"replay_ops.json": replay_doc()}, "no workload run")
+
+    def test_missing_directory(self):
+        with self.assertRaises(report.ReportError) as cm:
+            report.report_workloads(os.path.join(self.dir, "absent"), self.dir)
+        self.assertIn("cannot list", str(cm.exception))
+
+    def test_not_json(self):
+        self.expect_error({"replay_gpt3_175b-tp4_none.json": "{"}, "replay_gpt3_175b-tp4_none.json",
+                          "not valid JSON")
+
+    def test_misnamed_file(self):
+        self.expect_error({"replay_gpt3_175b-tp4_eager.json": workload_doc("replay", "none", 1.0)},
+                          "replay_gpt3_175b-tp4_eager.json", "must be named")
+
+    def test_name_and_content_disagree(self):
+        files = {"replay_gpt3_175b-tp4_full.json": workload_doc("replay", "none", 1.0)}
+        self.expect_error(files, "the file name says graphs 'full' but the run has 'none'")
+        files = {"pytorch_gpt3_175b-tp4_none.json": workload_doc("replay", "none", 1.0)}
+        self.expect_error(files, "the file name says tool 'pytorch' but the run has 'replay'")
+        files = {"replay_gpt3_175b-tp4_none_delay5us.json": workload_doc("replay", "none", 1.0)}
+        self.expect_error(files, "config.host_delay_us")
+
+    def test_wrong_tool(self):
+        files = self.with_bad("replay_gpt3_175b-tp4_none.json", lambda d: d.update(tool="replay-llama31"))
+        self.expect_error(files, "'tool' is 'replay-llama31', expected 'replay-gpt3' or 'pytorch'")
+
+    def test_bad_fields(self):
+        cases = [
+            (lambda d: d.update(graphs="eager"), "'graphs' is 'eager'"),
+            (lambda d: d.pop("step_ms"), "'step_ms' must be an object"),
+            (lambda d: d["step_ms"].update(median=0), "step_ms.median must be a positive number"),
+            (lambda d: d["step_ms"].update(p90="slow"), "step_ms.p90"),
+            (lambda d: d["memory"].update(peak_bytes="70 GB"), "memory.peak_bytes must be a number or null"),
+            (lambda d: d.update(losses=[1.0, "x"]), "'losses' must be a list of numbers"),
+            (lambda d: d.update(loss_hash=12), "'loss_hash' must be a string or null"),
+            (lambda d: d.update(mfu=[0.5]), "'mfu' must be a number or null"),
+            (lambda d: d["graphs_info"].update(capture_ms="fast"), "graphs_info.capture_ms"),
+        ]
+        for change, fragment in cases:
+            with self.subTest(fragment):
+                self.expect_error(self.with_bad("replay_gpt3_175b-tp4_full.json", change),
+                                  "replay_gpt3_175b-tp4_full.json", fragment)
+
+    def test_main_reports_error_without_traceback(self):
+        d = os.path.join(self.dir, "runs")
+        os.makedirs(d)
+        with open(os.path.join(d, "replay_gpt3_tiny_none.json"), "w") as f:
+            f.write("[]")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = report.main(["workloads", "--dir", d])
+        self.assertEqual(rc, 1)
+        self.assertIn("report.py: error:", err.getvalue())
+        self.assertIn("expected a JSON object", err.getvalue())
+        self.assertNotIn("Traceback", err.getvalue())
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ struct Shared {
   GemmCache gemms;
   AttentionCache attention;
   BufferId gemm_workspace = -1, attention_workspace = -1;
-  explicit Shared(Context& c) : ctx(c), gemms(c) {}
+  Shared(Context& c, GemmOptions options) : ctx(c), gemms(c, options) {}
 };
 
 void fill(const Context& ctx, const Arena& arena, BufferId id, DType t, uint64_t stream_id,
@@ -96,6 +96,7 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
         (*ids)[2] = p.add(c.name + ".d", DType::kBF16, desc.m * desc.n, "ops", life);
       };
       auto args = std::make_shared<GemmArgs>();
+      const std::string c_name = c.name;
       c.prepare = [=, &sh](const Context& ctx, const Arena& a) {
         fill(ctx, a, (*ids)[0], DType::kBF16, 1);
         fill(ctx, a, (*ids)[1], DType::kBF16, 2);
@@ -104,6 +105,10 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
         args->d = a.data((*ids)[2]);
         args->workspace = a.data(sh.gemm_workspace);
         args->workspace_bytes = a.bytes(sh.gemm_workspace);
+        if (sh.gemms.options().selection == GemmAlgoSelection::kAutotune) {
+          plan->autotune(ctx.stream(), *args);
+          std::printf("# autotuned %s: %s\n", c_name.c_str(), plan->algo_info().to_string().c_str());
+        }
       };
       c.run = [=](cudaStream_t st) { plan->run(st, *args); };
       cases.push_back(std::move(c));
@@ -111,7 +116,9 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
   }
 }
 
-// Attention forward alone, and forward then backward.
+// Attention forward alone, and forward then backward, on the layout the QKV GEMM produces: q, k and v
+// are views into one token-major buffer [B, S, (Hq + 2 Hkv) D] (kFusedQKV), and the backward writes one
+// fused dQKV buffer.
 void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
   AttentionDesc d;
   d.batch = 1;
@@ -120,32 +127,35 @@ void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s)
   d.seq_q = s.tokens;
   d.head_dim_qk = s.head_dim;
   d.causal = true;
+  d.layout = AttentionLayout::kFusedQKV;
   const AttentionPlan* plan = &sh.attention.get(sh.ctx, d);
   const double fwd_flops = 4.0 * d.batch * d.heads_q * double(d.seq_q) * d.seq_q * d.head_dim_qk / 2;
   for (bool backward : {false, true}) {
-    auto ids = std::make_shared<std::array<BufferId, 9>>();
+    auto ids = std::make_shared<std::array<BufferId, 5>>();
     OpCase c;
     c.name = std::string(s.name) + ".attention." + (backward ? "fwd_bwd" : "fwd");
     c.kind = "attention";
     c.shape = {{"batch", d.batch}, {"q_heads", d.heads_q}, {"kv_heads", d.heads_kv}, {"seq", d.seq_q},
                {"head_dim", d.head_dim_qk}};
     c.flops = backward ? 3.5 * fwd_flops : fwd_flops;
-    const int64_t q = d.batch * d.seq_q * d.heads_q * d.head_dim_qk;
-    const int64_t kv = d.batch * d.seq_q * d.heads_kv * d.head_dim_qk;
+    const int64_t qkv = d.batch * d.seq_q * d.fused_row();
+    const int64_t o = d.batch * d.seq_q * d.heads_q * d.dim_v();
     c.plan = [=](ArenaPlan& p, Lifetime life) {
-      const char* names[9] = {"q", "k", "v", "o", "stats", "do", "dq", "dk", "dv"};
-      const int64_t sizes[9] = {q, kv, kv, q, d.batch * d.heads_q * d.seq_q, q, q, kv, kv};
-      for (int i = 0; i < 9; ++i)
-        (*ids)[i] = p.add(c.name + "." + names[i], i == 4 ? DType::kFP32 : DType::kBF16, sizes[i], "ops", life);
+      const char* names[5] = {"qkv", "o", "stats", "do", "dqkv"};
+      const int64_t sizes[5] = {qkv, o, d.batch * d.heads_q * d.seq_q, o, qkv};
+      for (int i = 0; i < 5; ++i)
+        (*ids)[i] = p.add(c.name + "." + names[i], i == 2 ? DType::kFP32 : DType::kBF16, sizes[i], "ops", life);
     };
     auto io = std::make_shared<AttentionIO>();
     auto grads = std::make_shared<AttentionGrads>();
     auto ws = std::make_shared<std::pair<void*, size_t>>();
     c.prepare = [=, &sh](const Context& ctx, const Arena& a) {
-      for (int i : {0, 1, 2, 5}) fill(ctx, a, (*ids)[i], DType::kBF16, 10 + i);
-      *io = AttentionIO{a.data((*ids)[0]), a.data((*ids)[1]), a.data((*ids)[2]), a.data((*ids)[3]),
-                        a.as<float>((*ids)[4])};
-      *grads = AttentionGrads{a.data((*ids)[5]), a.data((*ids)[6]), a.data((*ids)[7]), a.data((*ids)[8])};
+      fill(ctx, a, (*ids)[0], DType::kBF16, 10);
+      fill(ctx, a, (*ids)[3], DType::kBF16, 13);
+      const auto* q = a.as<__nv_bfloat16>((*ids)[0]);
+      auto* dq = a.as<__nv_bfloat16>((*ids)[4]);
+      *io = AttentionIO{q, q + d.k_offset(), q + d.v_offset(), a.data((*ids)[1]), a.as<float>((*ids)[2])};
+      *grads = AttentionGrads{a.data((*ids)[3]), dq, dq + d.k_offset(), dq + d.v_offset()};
       *ws = {a.data(sh.attention_workspace), a.bytes(sh.attention_workspace)};
     };
     const Context* ctx = &sh.ctx;
@@ -388,6 +398,10 @@ int run(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here (reports/SCHEMA.md)");
   app.add_option("--only", only, "time only the ops whose name matches this regular expression");
   app.add_option("--device", device, "CUDA device ordinal");
+  bool autotune = false;
+  app.add_flag("--gemm-autotune", autotune,
+               "time cuBLASLt's top heuristic candidates at set-up and keep the fastest (the choice, and so "
+               "the bits, may then differ between runs)");
   CLI11_PARSE(app, argc, argv);
   std::regex filter(only.empty() ? ".*" : only);
 
@@ -395,7 +409,9 @@ int run(int argc, char** argv) {
   const EnvironmentReport env = ctx.environment();
   std::printf("# replay-ops\n%s", env.to_text().c_str());
 
-  Shared sh(ctx);
+  GemmOptions gemm_options;
+  if (autotune) gemm_options.selection = GemmAlgoSelection::kAutotune;
+  Shared sh(ctx, gemm_options);
   std::vector<OpCase> cases;
   add_gemm_cases(cases, sh, kGpt3);
   add_gemm_cases(cases, sh, kLlama);
@@ -443,7 +459,8 @@ int run(int argc, char** argv) {
     json out = {{"tool", "replay-ops"},
                 {"version", REPLAY_VERSION},
                 {"environment", env_json},
-                {"protocol", {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"}}},
+                {"protocol", {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"},
+                              {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"}}},
                 {"peaks", {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}}},
                 {"results", results}};
     const std::string tmp = json_path + ".tmp";

@@ -1,0 +1,472 @@
+// harness.cpp: shared flags, the timed step loop, reports and main()'s error handling.
+#include "common/bench/harness.h"
+
+#include <CLI/CLI.hpp>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace replay::bench {
+
+// ---- main() -----------------------------------------------------------------------------------
+
+int run_main(const char* tool, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 1;
+  }
+}
+
+// ---- Flags -------------------------------------------------------------------------------------
+
+namespace {
+
+std::string format_number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+// Validators whose messages say what was expected ("--steps: 'many' is not an integer").
+CLI::Validator integer_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE) return "'" + s + "' is not an integer";
+        if (v < lo || v > hi)
+          return "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + s;
+        return {};
+      },
+      hi == 2147483647 ? ">=" + std::to_string(lo)
+                       : "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        std::strtoull(s.c_str(), &end, 10);
+        if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE)
+          return "'" + s + "' is not an integer in [0, 2^64)";
+        return {};
+      },
+      "");
+}
+
+CLI::Validator number_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0') return "'" + s + "' is not a number";
+        if (!(v >= lo && v <= hi))
+          return "must be in [" + format_number(lo) + ", " + format_number(hi) + "], got " + s;
+        return {};
+      },
+      "[" + format_number(lo) + ", " + format_number(hi) + "]");
+}
+
+}  // namespace
+
+std::optional<HarnessFlags> parse_flags(const std::string& tool, int argc, const char* const* argv,
+                                        const std::vector<std::string>& presets,
+                                        const std::string& default_preset, std::FILE* out) {
+  HarnessFlags f;
+  f.preset = default_preset;
+  CLI::App app{tool +
+               ": one replay workload, timed in one graph mode (DESIGN.md, Benchmark protocol)"};
+  app.add_option("--preset", f.preset, "model preset: " + join(presets))
+      ->check(CLI::IsMember(presets));
+  app.add_option("--graphs", f.graphs,
+                 "graph mode: none (eager), layer (per-layer graphs), full (one graph per step)")
+      ->check(CLI::IsMember({"none", "layer", "full"}));
+  constexpr long long kMaxInt = 2147483647;
+  app.add_option("--steps", f.steps, "timed training steps (0: the preset's default)")
+      ->check(integer_in(0, kMaxInt));
+  app.add_option("--warmup", f.warmup, "neutral warm-up steps before step 0 (undone in every mode)")
+      ->check(integer_in(0, kMaxInt));
+  app.add_option("--seed", f.seed, "seed of weights, data order and dropout (0: from the clock)")
+      ->check(unsigned_64());
+  app.add_option("--data", f.data,
+                 "token file (datasets/gpt3.md); default: generated for the preset");
+  app.add_option("--json", f.json, "write the JSON summary here (reports/SCHEMA.md)");
+  app.add_option("--mllog", f.mllog, "write the MLPerf log here (scripts/mlperf/README.md)");
+  app.add_flag("--verify-graphs", f.verify_graphs,
+               "run step 0's graphs eagerly and graphed on the same inputs and compare bitwise");
+  app.add_option("--host-delay-us", f.host_delay_us,
+                 "host busy-wait before each launch in eager regions")
+      ->check(number_in(0.0, 1e6));
+  app.add_option("--log-interval", f.log_interval, "steps between progress lines")
+      ->check(integer_in(1, kMaxInt));
+  app.add_option("--layers", f.layers, "transformer layers of this shard (0: the preset's default)")
+      ->check(integer_in(0, kMaxInt));
+  app.add_option("--microbatches", f.microbatches, "gradient-accumulation micro-batches per step")
+      ->check(integer_in(1, 1024));
+  app.add_option("--dropout", f.dropout,
+                 "hidden and attention dropout probability in [0, 1) (default: the preset's)")
+      ->check(number_in(0.0, 1.0));
+  app.add_option("--device", f.device, "CUDA device ordinal")->check(integer_in(0, 1023));
+  try {
+    app.parse(argc, const_cast<char**>(argv));
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), out);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(std::string(e.what()) + " (run with --help for the flags)");
+  }
+  if (f.dropout == 1.0) throw UsageError("--dropout: must be below 1 (1 drops everything)");
+  return f;
+}
+
+std::optional<HarnessFlags> parse_flags(const std::string& tool,
+                                        const std::vector<std::string>& args,
+                                        const std::vector<std::string>& presets,
+                                        const std::string& default_preset, std::FILE* out) {
+  std::vector<const char*> argv{tool.c_str()};
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return parse_flags(tool, static_cast<int>(argv.size()), argv.data(), presets, default_preset,
+                     out);
+}
+
+uint64_t seed_from_clock() {
+  uint64_t z = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) +
+               0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z != 0 ? z : 1;
+}
+
+std::string describe(const HarnessFlags& f) {
+  std::ostringstream os;
+  os << "# preset: " << f.preset << "\n# graphs: " << f.graphs << "\n# steps: " << f.steps
+     << "\n# warmup: " << f.warmup << "\n# seed: " << f.seed
+     << "\n# data: " << (f.data.empty() ? "-" : f.data)
+     << "\n# json: " << (f.json.empty() ? "-" : f.json)
+     << "\n# mllog: " << (f.mllog.empty() ? "-" : f.mllog)
+     << "\n# verify_graphs: " << (f.verify_graphs ? "yes" : "no")
+     << "\n# host_delay_us: " << f.host_delay_us << "\n# log_interval: " << f.log_interval
+     << "\n# layers: " << f.layers << "\n# microbatches: " << f.microbatches
+     << "\n# dropout: " << f.dropout << "\n# device: " << f.device << "\n";
+  return os.str();
+}
+
+// ---- Host delay -------------------------------------------------------------------------------
+
+HostDelay::HostDelay(double microseconds) : ns_(static_cast<int64_t>(microseconds * 1e3)) {
+  REPLAY_REQUIRE(microseconds >= 0, "host delay must be non-negative");
+}
+
+void HostDelay::operator()() const {
+  if (ns_ <= 0) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns_);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+// ---- Step loop --------------------------------------------------------------------------------
+
+namespace {
+
+// Timing events created before the loop and destroyed after it.
+class EventList {
+ public:
+  explicit EventList(size_t n) : events_(n, nullptr) {
+    for (cudaEvent_t& e : events_) REPLAY_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~EventList() {
+    for (cudaEvent_t e : events_)
+      if (e) cudaEventDestroy(e);
+  }
+  EventList(const EventList&) = delete;
+  EventList& operator=(const EventList&) = delete;
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+double elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  REPLAY_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+}  // namespace
+
+LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbacks& cb,
+                     std::FILE* out) {
+  REPLAY_REQUIRE(c.steps >= 1, "the step loop needs at least one step");
+  REPLAY_REQUIRE(c.readback_lag >= 1 && c.log_interval >= 1,
+                 "readback lag and log interval must be positive");
+  REPLAY_REQUIRE(c.untimed_steps >= 0 && c.untimed_steps < c.steps,
+                 "at least one step must be timed");
+  REPLAY_REQUIRE(cb.enqueue && cb.read, "the step loop needs enqueue and read callbacks");
+  const auto steps = static_cast<size_t>(c.steps);
+  EventList events(steps + 1);
+  LoopResult r;
+  r.losses.assign(steps, NAN);
+  std::vector<double> host_us(steps);
+
+  int64_t next_read = 0;   // steps [0, next_read) have been read back
+  int64_t line_start = 0;  // first step of the current progress window
+  auto read_until = [&](int64_t end) {
+    for (; next_read < end; ++next_read) {
+      const int64_t s = next_read;
+      const StepSample sample = cb.read(s);
+      r.losses[static_cast<size_t>(s)] = static_cast<float>(sample.loss);
+      if ((s + 1) % c.log_interval != 0 && s + 1 != c.steps) continue;
+      // Step s was read, so its end event (recorded right after it) is done or about to be.
+      REPLAY_CUDA_CHECK(cudaEventSynchronize(events[static_cast<size_t>(s + 1)]));
+      const double ms =
+          elapsed_ms(events[static_cast<size_t>(line_start)], events[static_cast<size_t>(s + 1)]) /
+          static_cast<double>(s + 1 - line_start);
+      line_start = s + 1;
+      const double tokens_per_s = c.tokens_per_step / (ms * 1e-3);
+      const double tflops = c.flops_per_step / (ms * 1e-3) / 1e12;
+      std::fprintf(out,
+                   "step %6" PRId64 "/%" PRId64
+                   "  loss %8.4f  lr %.3e  gnorm %8.4f  %9.3f ms  %11.0f tok/s  %7.1f TFLOP/s",
+                   s + 1, c.steps, sample.loss, sample.lr, sample.grad_norm, ms, tokens_per_s,
+                   tflops);
+      if (c.peak_tflops > 0) std::fprintf(out, "  MFU %5.1f%%", 100.0 * tflops / c.peak_tflops);
+      std::fprintf(out, "\n");
+      std::fflush(out);
+      if (cb.on_progress) cb.on_progress(s, tokens_per_s, sample);
+    }
+  };
+
+  char range[32];
+  for (size_t k = 0; k < steps; ++k) {
+    REPLAY_CUDA_CHECK(cudaEventRecord(events[k], stream));
+    std::snprintf(range, sizeof(range), "step %zu", k);
+    nvtxRangePushA(range);
+    const auto t0 = std::chrono::steady_clock::now();
+    cb.enqueue(static_cast<int64_t>(k));
+    const auto t1 = std::chrono::steady_clock::now();
+    nvtxRangePop();
+    host_us[k] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    read_until(static_cast<int64_t>(k) + 1 - c.readback_lag);
+  }
+  REPLAY_CUDA_CHECK(cudaEventRecord(events[steps], stream));
+  read_until(c.steps);
+  REPLAY_CUDA_CHECK(cudaEventSynchronize(events[steps]));
+
+  for (size_t k = static_cast<size_t>(c.untimed_steps); k < steps; ++k) {
+    r.step_ms.push_back(elapsed_ms(events[k], events[k + 1]));
+    r.host_enqueue_us.push_back(host_us[k]);
+  }
+  r.step_stats = summarize(r.step_ms);
+  r.host_stats = summarize(r.host_enqueue_us);
+  return r;
+}
+
+// ---- Hashes and memory ------------------------------------------------------------------------
+
+namespace {
+constexpr uint64_t kFnvPrime = 0x100000001b3ull;
+}
+
+void Hasher::update(const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (bytes > 0 && tail_bytes_ > 0) {  // complete a word begun by the previous piece
+    tail_[tail_bytes_++] = *p++;
+    --bytes;
+    if (tail_bytes_ == 8) {
+      uint64_t w;
+      std::memcpy(&w, tail_, 8);
+      h_ = (h_ ^ w) * kFnvPrime;
+      tail_bytes_ = 0;
+    }
+  }
+  for (; bytes >= 8; bytes -= 8, p += 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h_ = (h_ ^ w) * kFnvPrime;
+  }
+  std::memcpy(tail_ + tail_bytes_, p, bytes);
+  tail_bytes_ += bytes;
+}
+
+uint64_t Hasher::value() const {
+  uint64_t h = h_;
+  for (size_t i = 0; i < tail_bytes_; ++i) h = (h ^ tail_[i]) * kFnvPrime;
+  return h;
+}
+
+std::string Hasher::hex() const {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, value());
+  return buf;
+}
+
+std::string loss_hash(const std::vector<float>& losses) {
+  Hasher h;
+  h.update(losses.data(), losses.size() * sizeof(float));
+  return h.hex();
+}
+
+std::string device_hash(const void* device, size_t bytes) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  std::vector<unsigned char> host(std::min(bytes, kPiece));
+  Hasher h;
+  for (size_t off = 0; off < bytes; off += kPiece) {
+    const size_t n = std::min(kPiece, bytes - off);
+    REPLAY_CUDA_CHECK(
+        cudaMemcpy(host.data(), static_cast<const char*>(device) + off, n, cudaMemcpyDeviceToHost));
+    h.update(host.data(), n);
+  }
+  return h.hex();
+}
+
+size_t device_used_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  REPLAY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
+// ---- Reports ----------------------------------------------------------------------------------
+
+double WorkloadReport::tokens_per_s() const {
+  return step_ms.median > 0 ? tokens_per_step / (step_ms.median * 1e-3) : 0.0;
+}
+
+double WorkloadReport::model_tflops() const {
+  return step_ms.median > 0 ? flops_per_step / (step_ms.median * 1e-3) / 1e12 : 0.0;
+}
+
+nlohmann::ordered_json to_json(const WorkloadReport& r) {
+  using nlohmann::ordered_json;
+  ordered_json env = ordered_json::object();
+  for (const auto& [k, v] : r.environment.fields) env[k] = v;
+  const double median_s = r.step_ms.median * 1e-3;
+  auto or_null = [](bool known, double v) {
+    return known ? ordered_json(v) : ordered_json(nullptr);
+  };
+  ordered_json losses = ordered_json::array();
+  for (float l : r.losses)
+    losses.push_back(std::isfinite(l) ? ordered_json(l) : ordered_json(nullptr));
+  ordered_json j;
+  j["tool"] = r.tool;
+  j["version"] = r.version;
+  j["workload"] = r.workload;
+  j["preset"] = r.preset;
+  j["graphs"] = r.graphs;
+  j["environment"] = env;
+  j["config"] = r.config;
+  j["tensor_parallel_collectives"] = r.tensor_parallel_collectives;
+  j["step_ms"] = {{"median", r.step_ms.median},
+                  {"p10", r.step_ms.p10},
+                  {"p90", r.step_ms.p90},
+                  {"mean", r.step_ms.mean},
+                  {"count", r.step_ms.count}};
+  j["host_enqueue_us"] = {{"median", r.host_enqueue_us.median}, {"p90", r.host_enqueue_us.p90}};
+  j["throughput"] = {{"tokens_per_s", r.tokens_per_s()},
+                     {"samples_per_s", median_s > 0 ? r.samples_per_step / median_s : 0.0}};
+  j["model_tflops"] = r.model_tflops();
+  j["flops_per_step"] = r.flops_per_step;
+  j["flops_formula"] = r.flops_formula;
+  j["mfu"] = or_null(r.peak_tflops > 0, r.peak_tflops > 0 ? r.model_tflops() / r.peak_tflops : 0.0);
+  j["peaks"] = {{"bf16_gemm_tflops", or_null(r.peak_tflops > 0, r.peak_tflops)}};
+  j["memory"] = {{"peak_bytes", r.peak_bytes},
+                 {"arena_bytes", r.arena_bytes},
+                 {"graph_extra_bytes", r.peak_bytes - r.arena_bytes}};
+  j["graphs_info"] = {{"count", r.graph_count},
+                      {"nodes", r.graph_nodes},
+                      {"capture_ms", r.capture_ms},
+                      {"instantiate_ms", r.instantiate_ms}};
+  j["losses"] = losses;
+  j["loss_hash"] = loss_hash(r.losses);
+  j["weights_hash"] = r.weights_hash ? ordered_json(*r.weights_hash) : ordered_json(nullptr);
+  j["loss_floor"] = r.loss_floor && std::isfinite(*r.loss_floor) ? ordered_json(*r.loss_floor)
+                                                                 : ordered_json(nullptr);
+  return j;
+}
+
+void write_json(const std::string& path, const nlohmann::ordered_json& doc) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << doc.dump(2) << "\n";
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error("replay", "cannot write", "cannot write the JSON summary '" + path + "'");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error("replay", "cannot write", "cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+namespace {
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB",
+                static_cast<double>(bytes) / double(int64_t{1} << 30));
+  return buf;
+}
+}  // namespace
+
+std::string summary(const WorkloadReport& r) {
+  std::ostringstream os;
+  char line[256];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof(line), fmt, args...);
+    os << line;
+  };
+  add("# ---- %s %s, graphs %s ----\n", r.tool.c_str(), r.preset.c_str(), r.graphs.c_str());
+  add("%-22s median %.3f ms  p10 %.3f  p90 %.3f  mean %.3f  (%d steps)\n", "step time",
+      r.step_ms.median, r.step_ms.p10, r.step_ms.p90, r.step_ms.mean, r.step_ms.count);
+  add("%-22s median %.1f us  p90 %.1f us\n", "host enqueue per step", r.host_enqueue_us.median,
+      r.host_enqueue_us.p90);
+  add("%-22s %.0f tokens/s  %.3f samples/s\n", "throughput", r.tokens_per_s(),
+      r.step_ms.median > 0 ? r.samples_per_step / (r.step_ms.median * 1e-3) : 0.0);
+  if (r.peak_tflops > 0)
+    add("%-22s %.1f TFLOP/s  MFU %.1f%% of %.1f TFLOP/s measured bf16 GEMM peak\n", "model FLOPs",
+        r.model_tflops(), 100.0 * r.model_tflops() / r.peak_tflops, r.peak_tflops);
+  else
+    add("%-22s %.1f TFLOP/s\n", "model FLOPs", r.model_tflops());
+  add("%-22s peak %s  arena %s  beyond the arena %+.1f MiB\n", "device memory",
+      gib(r.peak_bytes).c_str(), gib(r.arena_bytes).c_str(),
+      static_cast<double>(r.peak_bytes - r.arena_bytes) / double(1 << 20));
+  add("%-22s %d graphs  %" PRId64 " nodes  capture %.1f ms  instantiate %.1f ms\n", "graphs",
+      r.graph_count, r.graph_nodes, r.capture_ms, r.instantiate_ms);
+  if (!r.losses.empty())
+    add("%-22s first %.4f  last %.4f  floor %s  hash %s\n", "loss",
+        static_cast<double>(r.losses.front()), static_cast<double>(r.losses.back()),
+        r.loss_floor && std::isfinite(*r.loss_floor) ? std::to_string(*r.loss_floor).c_str()
+                                                     : "unknown",
+        loss_hash(r.losses).c_str());
+  add("%-22s %s\n", "weights hash", r.weights_hash ? r.weights_hash->c_str() : "-");
+  add("%-22s %s\n", "tensor parallelism", r.tensor_parallel_collectives.c_str());
+  return os.str();
+}
+
+}  // namespace replay::bench

@@ -1,0 +1,182 @@
+// model.h: Transformer, one GPU's shard of a GPT-3 style decoder: token + learned position
+// embedding (vocab-parallel), pre-LayerNorm blocks of causal self-attention (QKV GEMM with bias,
+// cuDNN attention on the fused QKV layout, output GEMM, bias-dropout-residual) and a GeLU MLP
+// (GEMM epilogues), a final LayerNorm, and the tied LM head with the vocab-parallel fused
+// cross-entropy; forward and backward of all of it, every buffer planned in the run's arena.
+//
+// One micro-batch runs in phases (the arena lifetimes below): embedding forward, layer 0..L-1
+// forward, head (final norm, logits, loss and their backward), layer L-1..0 backward, embedding
+// backward; after the last micro-batch the optimizer. Saved activations live from their layer's
+// forward to its backward; the forward scratch, the backward scratch and the workspaces are shared
+// by all layers, and buffers of disjoint phases share memory.
+//
+// Per layer, M = micro_batch * seq tokens, C = hidden, A = attention width per GPU, F = MLP width:
+//   h1 = LN1(x)                                  mean1, rstd1, h1 saved
+//   qkv = h1 Wqkv^T + bqkv          [M, 3A]      GEMM, bias epilogue; saved
+//   o, lse = attention(qkv)         [M, A]       cuDNN, causal, fused QKV, dropout from RngArgs;
+//   saved x_mid = x + dropout(o Wproj^T + bproj)       GEMM, then the fused bias-dropout-residual;
+//   saved h2 = LN2(x_mid)                              saved a = gelu(h2 W1^T + b1), aux =
+//   pre-activation GEMM, bias+GeLU+aux epilogue; both saved x_out = x_mid + dropout(a W2^T + b2)
+//   GEMM, bias-dropout-residual
+// Backward: the residual gradient G (bf16) flows through every layer in place: each norm's
+// backward adds its dx into G (accumulate_dx). Weight gradients are fp32, written by the first
+// micro-batch (beta 0) and accumulated by the others (beta 1). fc2's dgrad applies gelu'(aux)
+// (DGeLU epilogue); the QKV and fc1 bias gradients come from their wgrad GEMMs (BGRADA epilogue,
+// fp32), the output-projection and fc2 bias gradients from the dropout backward.
+// The tied embedding: the embedding backward writes the token rows of dW_emb (and dW_pos), then the
+// LM head's wgrad adds dlogits^T h_final into it (beta 1), so no buffer is zeroed in the step.
+//
+// With tensor parallelism the output projection, fc2 and the embedding are partial sums that an
+// all-reduce would complete, and the cross-entropy statistics would be all-gathered; run as one
+// process the shard computes rank 0's work with those collectives left out.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/arena.h"
+#include "common/attention.h"
+#include "common/bench/harness.h"
+#include "common/context.h"
+#include "common/gemm.h"
+#include "common/philox.h"
+#include "graphs/rng.h"
+#include "graphs/step_plan.h"
+#include "workloads/transformer/params.h"
+#include "workloads/transformer/shape.h"
+
+namespace replay::transformer {
+
+// The parameters of one block, in the order they sit in the ParamStore (contiguous per layer).
+struct LayerParams {
+  ParamId ln1_gamma, ln1_beta, qkv_weight, qkv_bias, proj_weight, proj_bias;
+  ParamId ln2_gamma, ln2_beta, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  ParamId first() const { return ln1_gamma; }
+  ParamId last() const { return fc2_bias; }
+};
+
+class Transformer {
+ public:
+  // Registers the parameters, builds every GEMM and attention plan through the caches (set-up),
+  // and queries the workspaces. `delay` (optional) is called before every launch.
+  Transformer(const Context& ctx, const TransformerShape& shape, int microbatches, GemmCache& gemms,
+              AttentionCache& attention, const bench::HostDelay* delay = nullptr);
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const TransformerShape& shape() const { return shape_; }
+  int microbatches() const { return microbatches_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  const LayerParams& layer_params(int layer) const {
+    return layers_.at(static_cast<size_t>(layer));
+  }
+  ParamId token_embedding() const { return wte_; }
+  ParamId position_embedding() const { return wpe_; }
+
+  // Step phases (arena lifetimes), in execution order within a micro-batch.
+  int phase_embedding_forward() const { return 1; }
+  int phase_layer_forward(int layer) const { return 2 + layer; }
+  int phase_head() const { return 2 + num_layers(); }
+  int phase_layer_backward(int layer) const { return 3 + 2 * num_layers() - 1 - layer; }
+  int phase_embedding_backward() const { return 3 + 2 * num_layers(); }
+  int phase_optimizer() const { return 4 + 2 * num_layers(); }
+
+  // Adds every buffer (parameters, optimizer state, inputs, activations, workspaces) to the plan.
+  void plan(ArenaPlan& plan);
+  void bind(const Arena& arena);
+  // Set-up: parameters from `seed`, the constant loss gradient. Synchronizes `stream`.
+  void initialize(uint64_t seed, cudaStream_t stream);
+  // Registers the random ops (attention dropout on the tensor-parallel stream, hidden dropout on
+  // the data-parallel stream), one per micro-batch and layer. Nothing when dropout is 0.
+  void register_rng(graphs::RngTracker& rng);
+  // Where the step's loss goes (the mean over micro-batches): StepScalars::loss.
+  void set_loss_output(float* loss) { step_loss_ = loss; }
+
+  // The step's work for micro-batch `mb`, launched on `stream` only (capturable).
+  void embedding_forward(int mb, cudaStream_t stream) const;
+  void layer_forward(int mb, int layer, cudaStream_t stream) const;
+  void head(int mb, cudaStream_t stream) const;  // final norm, logits, loss, and their backward
+  void layer_backward(int mb, int layer, cudaStream_t stream) const;
+  void embedding_backward(int mb, cudaStream_t stream) const;  // and the tied LM head's wgrad
+
+  // What each of them reads and writes (region arguments of the step plan).
+  graphs::RegionArgs embedding_forward_args(int mb) const;
+  graphs::RegionArgs layer_forward_args(int mb, int layer) const;
+  graphs::RegionArgs head_args(int mb) const;
+  graphs::RegionArgs layer_backward_args(int mb, int layer) const;
+  graphs::RegionArgs embedding_backward_args(int mb) const;
+
+  // The step's static inputs: int32 [micro_batch, seq] per micro-batch.
+  int32_t* tokens(int mb) const;
+  int32_t* targets(int mb) const;
+  // dL/dx0 after a step's backward: the gradient of the embedding output (tests).
+  const TensorView& residual_grad() const { return grad_; }
+
+  int num_layers() const { return static_cast<int>(shape_.layers); }
+
+ private:
+  struct Linear {
+    GemmPlan* forward = nullptr;
+    GemmPlan* dgrad = nullptr;
+    GemmPlan* wgrad[2] = {nullptr,
+                          nullptr};  // [0]: first micro-batch (beta 0), [1]: later (beta 1)
+  };
+  // A layer's saved activations.
+  struct LayerActs {
+    TensorView ln1_mean, ln1_rstd, h1, qkv, attn_o, attn_stats;
+    TensorView x_mid, ln2_mean, ln2_rstd, h2, fc1_out, fc1_aux;
+  };
+  struct Planned {
+    BufferId id;
+    DType dtype;
+    int64_t elements;
+    TensorView* view;
+  };
+
+  void add(ArenaPlan& plan, TensorView& view, const std::string& name, DType dtype,
+           int64_t elements, const char* group, Lifetime life);
+  Linear make_linear(GemmCache& gemms, LinearGemms g);
+  void gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const;
+  void hook() const {
+    if (delay_) (*delay_)();
+  }
+  RngArgs rng_of(const std::vector<RngArgs>& ops, int mb, int layer) const;
+  float* loss_of(int mb) const;
+
+  const Context& ctx_;
+  TransformerShape shape_;
+  int microbatches_;
+  const bench::HostDelay* delay_;
+  ParamStore params_;
+  ParamId wte_ = -1, wpe_ = -1, lnf_gamma_ = -1, lnf_beta_ = -1;
+  std::vector<LayerParams> layers_;
+
+  Linear qkv_, proj_, fc1_, fc2_, lm_head_;
+  const AttentionPlan* attention_ = nullptr;
+  size_t gemm_ws_bytes_ = 0, attention_ws_bytes_ = 0, norm_ws_bytes_ = 0, dropout_ws_bytes_ = 0,
+         embedding_ws_bytes_ = 0;
+  std::vector<RngArgs> rng_attention_, rng_attn_dropout_,
+      rng_mlp_dropout_;  // [mb * layers + layer]
+  float* step_loss_ = nullptr;
+
+  std::vector<Planned> planned_;
+  // Inputs and constants.
+  TensorView tokens_, targets_, dloss_, mb_loss_;
+  // Forward.
+  std::vector<TensorView> x_;  // residual stream: x_[0] embedding output, x_[i + 1] layer i output
+  std::vector<LayerActs> acts_;
+  TensorView fwd_tmp_;
+  // Head.
+  TensorView hf_, lnf_mean_, lnf_rstd_, logits_, ce_stats_, row_loss_, count_, d_hf_;
+  // Backward.
+  TensorView grad_, d_branch_, d_h_, d_fc1_, d_attn_, d_qkv_, bias_scratch_;
+  // Workspaces.
+  TensorView gemm_ws_, attention_ws_, norm_ws_, dropout_ws_, embedding_ws_;
+};
+
+}  // namespace replay::transformer

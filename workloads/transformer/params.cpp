@@ -1,0 +1,120 @@
+// params.cpp: parameter layout, initialization and optimizer tables.
+#include "workloads/transformer/params.h"
+
+#include "common/check.h"
+#include "common/kernels/init.h"
+
+namespace replay::transformer {
+
+ParamId ParamStore::add(ParamSpec spec) {
+  REPLAY_REQUIRE(!planned_, "parameter '" + spec.name + "' added after the arena was planned");
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  REPLAY_REQUIRE(!spec.shape.empty() && n > 0, "parameter '" + spec.name + "' is empty");
+  specs_.push_back(std::move(spec));
+  numel_.push_back(n);
+  offset_.push_back(end_);
+  end_ += (n + kAlignElements - 1) / kAlignElements * kAlignElements;
+  return count() - 1;
+}
+
+int64_t ParamStore::total_numel() const {
+  int64_t n = 0;
+  for (int64_t x : numel_) n += x;
+  return n;
+}
+
+void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
+  REPLAY_REQUIRE(!specs_.empty(), "a model without parameters");
+  planned_ = true;
+  weights_id_ = plan.add("params.bf16", DType::kBF16, end_, "params");
+  masters_id_ = plan.add("params.master", DType::kFP32, end_, "optimizer");
+  m_id_ = plan.add("adam.exp_avg", DType::kFP32, end_, "optimizer");
+  v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, end_, "optimizer");
+  grads_id_ = plan.add("grads", DType::kFP32, end_, "grads");
+  adamw_table_bytes_ = MultiTensorBuilder<AdamWTensor>::device_bytes_for(numel_);
+  norm_table_bytes_ = MultiTensorBuilder<GradNormTensor>::device_bytes_for(numel_);
+  adamw_table_id_ = plan.add("adamw.table", adamw_table_bytes_, "optimizer");
+  norm_table_id_ = plan.add("grad_norm.table", norm_table_bytes_, "optimizer");
+  GradNormTable shape;  // the workspace depends on the chunk count only
+  shape.num_chunks = static_cast<int>(MultiTensorBuilder<GradNormTensor>::chunk_count(numel_));
+  grad_norm_ws_bytes_ = replay::grad_norm_workspace_bytes(shape);
+  norm_ws_id_ = plan.add("grad_norm.workspace", grad_norm_ws_bytes_, "workspace", optimizer);
+}
+
+void ParamStore::bind(const Arena& arena) {
+  REPLAY_REQUIRE(planned_, "ParamStore::bind before plan");
+  weights_ = arena.as<__nv_bfloat16>(weights_id_);
+  masters_ = arena.as<float>(masters_id_);
+  grads_ = arena.as<float>(grads_id_);
+  m_ = arena.as<float>(m_id_);
+  v_ = arena.as<float>(v_id_);
+  adamw_table_memory_ = arena.data(adamw_table_id_);
+  norm_table_memory_ = arena.data(norm_table_id_);
+  grad_norm_ws_ = arena.data(norm_ws_id_);
+}
+
+TensorView ParamStore::weights() const {
+  return TensorView(weights_, DType::kBF16, {end_});
+}
+TensorView ParamStore::masters() const {
+  return TensorView(masters_, DType::kFP32, {end_});
+}
+TensorView ParamStore::grads() const {
+  return TensorView(grads_, DType::kFP32, {end_});
+}
+TensorView ParamStore::exp_avg() const {
+  return TensorView(m_, DType::kFP32, {end_});
+}
+TensorView ParamStore::exp_avg_sq() const {
+  return TensorView(v_, DType::kFP32, {end_});
+}
+
+TensorView ParamStore::range(void* base, DType dtype, ParamId first, ParamId last) const {
+  REPLAY_REQUIRE(first >= 0 && first <= last && last < count(), "parameter range out of bounds");
+  const int64_t begin = offset(first), end = offset(last) + numel(last);
+  return TensorView(static_cast<char*>(base) + begin * static_cast<int64_t>(dtype_size(dtype)),
+                    dtype, {end - begin});
+}
+
+TensorView ParamStore::weight_range(ParamId first, ParamId last) const {
+  return range(weights_, DType::kBF16, first, last);
+}
+TensorView ParamStore::grad_range(ParamId first, ParamId last) const {
+  return range(grads_, DType::kFP32, first, last);
+}
+
+void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
+  REPLAY_REQUIRE(weights_ != nullptr, "ParamStore::initialize before bind");
+  const auto n = static_cast<size_t>(end_);
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(weights_, 0, n * sizeof(__nv_bfloat16), stream));
+  for (float* p : {masters_, grads_, m_, v_})
+    REPLAY_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream));
+  AdamWTableBuilder adamw;
+  GradNormTableBuilder norms;
+  for (ParamId id = 0; id < count(); ++id) {
+    const ParamSpec& s = spec(id);
+    const TensorView fp32(master(id), DType::kFP32, {numel(id)});
+    const TensorView bf16(weight(id), DType::kBF16, {numel(id)});
+    for (const TensorView& t : {fp32, bf16}) {
+      switch (s.init) {
+        case ParamInit::kNormal:
+          init_normal(t, seed, static_cast<uint64_t>(id) + 1, 0.0f, s.stddev, stream);
+          break;
+        case ParamInit::kZeros:
+          init_constant(t, 0.0f, stream);
+          break;
+        case ParamInit::kOnes:
+          init_constant(t, 1.0f, stream);
+          break;
+      }
+    }
+    adamw.add(master(id), weight(id), grad(id), m_ + offset(id), v_ + offset(id), numel(id),
+              s.weight_decay);
+    norms.add(grad(id), numel(id));
+  }
+  adamw_table_ = adamw.build(adamw_table_memory_, adamw_table_bytes_, stream);  // synchronizes
+  grad_norm_table_ = norms.build(norm_table_memory_, norm_table_bytes_, stream);
+}
+
+}  // namespace replay::transformer

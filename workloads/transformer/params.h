@@ -1,0 +1,99 @@
+// params.h: ParamStore, the parameters of a model laid out in five contiguous arena buffers (bf16
+// model weights, fp32 master weights, fp32 gradients, Adam's two fp32 moments), each tensor at the
+// same element offset in all five and 256-byte aligned, plus the multi-tensor tables the optimizer
+// and the gradient norm run on. One buffer per kind keeps step-plan state, region arguments and
+// hashes simple: a layer's parameters are one contiguous range.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/arena.h"
+#include "common/optim/adamw.h"
+#include "common/optim/grad_norm.h"
+#include "common/tensor.h"
+
+namespace replay::transformer {
+
+enum class ParamInit : uint8_t { kNormal, kZeros, kOnes };
+
+struct ParamSpec {
+  std::string name;            // "layer3.mlp.fc1.weight"
+  std::vector<int64_t> shape;  // row-major; a linear layer's weight is [out, in]
+  ParamInit init = ParamInit::kNormal;
+  float stddev = 0.02f;      // kNormal: N(0, stddev^2)
+  bool weight_decay = true;  // matrices and embeddings decay; biases and norm parameters do not
+};
+
+using ParamId = int;
+
+class ParamStore {
+ public:
+  // Every tensor starts at a multiple of this many elements: 256 bytes in bf16, what GEMM plans
+  // assume (GemmDesc::alignment).
+  static constexpr int64_t kAlignElements = 128;
+
+  // Registers a tensor; only before plan().
+  ParamId add(ParamSpec spec);
+
+  int count() const { return static_cast<int>(specs_.size()); }
+  const ParamSpec& spec(ParamId id) const { return specs_.at(static_cast<size_t>(id)); }
+  int64_t numel(ParamId id) const { return numel_.at(static_cast<size_t>(id)); }
+  int64_t offset(ParamId id) const { return offset_.at(static_cast<size_t>(id)); }
+  int64_t total_numel() const;                   // the parameter count N (gaps excluded)
+  int64_t buffer_numel() const { return end_; }  // length of each buffer, alignment gaps included
+
+  // Adds the five buffers, the AdamW and grad-norm tables and the grad-norm workspace (lifetime
+  // `optimizer`, the phase the optimizer runs in) to the plan.
+  void plan(ArenaPlan& plan, Lifetime optimizer);
+  void bind(const Arena& arena);
+
+  // After bind(): pointers to one tensor, and views of whole buffers or of the contiguous range of
+  // tensors [first, last] (region arguments and state of the step plan).
+  __nv_bfloat16* weight(ParamId id) const { return weights_ + offset(id); }
+  float* master(ParamId id) const { return masters_ + offset(id); }
+  float* grad(ParamId id) const { return grads_ + offset(id); }
+  TensorView weights() const;
+  TensorView masters() const;
+  TensorView grads() const;
+  TensorView exp_avg() const;
+  TensorView exp_avg_sq() const;
+  TensorView weight_range(ParamId first, ParamId last) const;
+  TensorView grad_range(ParamId first, ParamId last) const;
+
+  // Set-up (synchronizes `stream`): zeroes all five buffers (gaps included, so hashes and
+  // verification see defined bytes), draws every master weight (Philox: seed, stream id = id + 1)
+  // and the bf16 weight from the same draws (so weight = bf16(master)), and builds the tables.
+  void initialize(uint64_t seed, cudaStream_t stream);
+
+  const AdamWTable& adamw_table() const { return adamw_table_; }
+  const GradNormTable& grad_norm_table() const { return grad_norm_table_; }
+  void* grad_norm_workspace() const { return grad_norm_ws_; }
+  size_t grad_norm_workspace_bytes() const { return grad_norm_ws_bytes_; }
+
+ private:
+  TensorView range(void* base, DType dtype, ParamId first, ParamId last) const;
+
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> numel_, offset_;
+  int64_t end_ = 0;
+  bool planned_ = false;
+  BufferId weights_id_ = -1, masters_id_ = -1, grads_id_ = -1, m_id_ = -1, v_id_ = -1;
+  BufferId adamw_table_id_ = -1, norm_table_id_ = -1, norm_ws_id_ = -1;
+  __nv_bfloat16* weights_ = nullptr;
+  float *masters_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  void* adamw_table_memory_ = nullptr;
+  size_t adamw_table_bytes_ = 0;
+  void* norm_table_memory_ = nullptr;
+  size_t norm_table_bytes_ = 0;
+  void* grad_norm_ws_ = nullptr;
+  size_t grad_norm_ws_bytes_ = 0;
+  AdamWTable adamw_table_;
+  GradNormTable grad_norm_table_;
+};
+
+}  // namespace replay::transformer

@@ -1,0 +1,43 @@
+// shape.cpp: validation and description of a transformer shard's shape.
+#include "workloads/transformer/shape.h"
+
+#include "common/check.h"
+#include "common/kernels/norms.h"
+
+namespace replay::transformer {
+
+void TransformerShape::validate() const {
+  auto require = [](bool ok, const std::string& why) {
+    if (!ok) throw Error("replay", "invalid shape", "transformer shape: " + why);
+  };
+  require(layers >= 1, "layers must be at least 1, got " + std::to_string(layers));
+  require(tp >= 1, "tp must be at least 1");
+  require(hidden >= 8 && hidden % 8 == 0 && hidden <= kNormMaxChannels,
+          "hidden must be a multiple of 8 in [8, " + std::to_string(kNormMaxChannels) + "], got " +
+              std::to_string(hidden));
+  require(heads >= 1 && heads % tp == 0, "heads (" + std::to_string(heads) +
+                                             ") must be a multiple of tp (" + std::to_string(tp) +
+                                             ")");
+  require(head_dim >= 8 && head_dim % 8 == 0,
+          "head_dim must be a positive multiple of 8, got " + std::to_string(head_dim));
+  require(ffn >= 8 && ffn % (8 * tp) == 0,
+          "ffn (" + std::to_string(ffn) + ") must be a multiple of 8 x tp");
+  require(seq >= 1 && micro_batch >= 1, "seq and micro_batch must be positive");
+  require(tokens() < (int64_t{1} << 31) / 4,
+          "micro_batch x seq is too large for the kernels' int32 rows");
+  require(vocab >= 2, "vocab must be at least 2");
+  require(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1)");
+  require(norm_eps > 0.0f, "norm_eps must be positive");
+}
+
+std::string TransformerShape::describe() const {
+  return "layers " + std::to_string(layers) + ", hidden " + std::to_string(hidden) + ", heads " +
+         std::to_string(heads) + "x" + std::to_string(head_dim) + " (" +
+         std::to_string(heads_shard()) + " per GPU), ffn " + std::to_string(ffn) + " (" +
+         std::to_string(ffn_shard()) + " per GPU), seq " + std::to_string(seq) + ", micro-batch " +
+         std::to_string(micro_batch) + ", vocab " + std::to_string(vocab) + " padded to " +
+         std::to_string(padded_vocab()) + " (" + std::to_string(vocab_shard()) + " per GPU), tp " +
+         std::to_string(tp);
+}
+
+}  // namespace replay::transformer
