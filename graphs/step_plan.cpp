@@ -101,13 +101,11 @@ void StepPlan::prepare(cudaStream_t stream) {
   units_ = partition_step(name_, regions_, options_);
   unit_state_.clear();
   for (size_t u = 0; u < units_.size(); ++u) unit_state_.push_back(std::make_unique<UnitState>());
-  if (options_.mode == GraphMode::kNone) {
-    prepared_ = true;
-    return;
-  }
 
-  // Neutral warm-up: lazy initialization (library handles, NCCL) happens here, outside any capture; then
-  // every byte that carries between steps is put back, so step 0 is the same in every mode.
+  // Neutral warm-up, in every mode so that all start from the same state: lazy initialization (library
+  // handles, kernel modules, NCCL) happens here, outside any capture; then every byte that carries
+  // between steps is put back, so step 0 is the same in every mode. With a warm-up hold, the optimizer
+  // skips its update and only the registered (small) state is saved.
   if (options_.warmup_steps > 0) {
     size_t total = 0;
     for (const Buffer& b : state_) total += b.bytes;
@@ -117,6 +115,9 @@ void StepPlan::prepare(cudaStream_t stream) {
       if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(saved.get() + offset, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
       offset += b.bytes;
     }
+    static const int32_t kOn = 1, kOff = 0;
+    if (warmup_hold_ != nullptr)
+      REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOn, sizeof(kOn), cudaMemcpyHostToDevice, stream));
     if (rng_ != nullptr) rng_->snapshot(stream);
     for (int w = 0; w < options_.warmup_steps; ++w) run_eager_step(stream);
     offset = 0;
@@ -124,8 +125,14 @@ void StepPlan::prepare(cudaStream_t stream) {
       if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved.get() + offset, b.bytes, cudaMemcpyHostToDevice, stream));
       offset += b.bytes;
     }
+    if (warmup_hold_ != nullptr)
+      REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOff, sizeof(kOff), cudaMemcpyHostToDevice, stream));
     if (rng_ != nullptr) rng_->restore(stream);
     REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));  // `saved` is freed at scope exit
+  }
+  if (options_.mode == GraphMode::kNone) {
+    prepared_ = true;
+    return;
   }
 
   // Capture in execution order on the plan's own stream; instantiate and upload on the work stream.

@@ -155,12 +155,17 @@ class StepPlan {
   // pinned host memory allocated and freed by prepare(). Also compared by verify_step() in full mode.
   void add_state(const std::string& name, void* device, size_t bytes);
   void add_state(const std::string& name, const TensorView& view);
+  // A device int32 that the plan sets to 1 for the neutral warm-up and back to 0 after it. An optimizer
+  // that reads it as a no-op (StepScalars::hold, through prepare_optimizer) leaves parameters and
+  // optimizer state untouched during warm-up, so they need not be registered with add_state: only the
+  // small state that changes regardless (the step scalars) is saved. Optional.
+  void set_warmup_hold(int32_t* device_flag) { warmup_hold_ = device_flag; }
   // The RNG whose slots advance at the end of every step (inside the graph in full mode) and are
   // restored after warm-up. Optional.
   void set_rng(RngTracker* rng);
 
   // ---- Running ----
-  // Graph modes: neutral warm-up (warmup_steps eager steps, then state and RNG restored), then capture of
+  // Every mode: neutral warm-up (warmup_steps eager steps, then state and RNG restored). Graph modes: capture of
   // every graph in execution order on the plan's own capture stream, instantiation and upload on
   // `stream`. Synchronizes `stream` once (set-up). Called by the first run_step() when not called before.
   void prepare(cudaStream_t stream);
@@ -211,6 +216,7 @@ class StepPlan {
   std::string name_;
   StepPlanOptions options_;
   std::vector<Region> regions_;
+  int32_t* warmup_hold_ = nullptr;
   std::vector<Buffer> state_;
   RngTracker* rng_ = nullptr;
   bool prepared_ = false;

@@ -8,7 +8,7 @@
 //   ... forward and backward ...
 //   check_found_inf(table, &s->found_inf)  fp16/bf16/fp32 tensors (with loss scaling)
 //   clip_grad_norm(norms, max_norm, s)     grad_norm, grad_scale (clip / loss_scale), found_inf on NaN/Inf
-//   prepare_optimizer(schedule, s)         noop = found_inf; unless noop: step += 1, lr = schedule(step - 1)
+//   prepare_optimizer(schedule, s)         noop = found_inf or hold; unless noop: step += 1, lr = schedule(step - 1)
 //   adamw_step(..., &s->lr, &s->step, &s->grad_scale, &s->noop)
 //   readback.copy(stream)                  this step's scalars into the pinned ring
 //   end_step(s, scaler)                    loss-scale update from found_inf; iteration += 1
@@ -44,6 +44,8 @@ struct StepScalars {
   int32_t noop;             // 1: optimizer kernels return at once (set from found_inf)
   int32_t growth_tracker;   // loss scaler: consecutive finite steps since the scale last changed
   int32_t hysteresis_left;  // loss scaler: overflows still tolerated before the scale backs off
+  int32_t hold;             // 1 during StepPlan's neutral warm-up: the optimizer applies nothing, so
+                            // parameters and optimizer state need no saving (StepPlan::set_warmup_hold)
 };
 
 // Reserves a StepScalars in an arena plan (lifetime: the whole run).
@@ -154,9 +156,10 @@ REPLAY_HOST_DEVICE void loss_scaler_update(StepScalars& s, const LossScalerConfi
   }
 }
 
-// The optimizer side of a step, host mirror of prepare_optimizer(): noop from found_inf, step and lr.
+// The optimizer side of a step, host mirror of prepare_optimizer(): noop from found_inf (or the warm-up
+// hold), step and lr.
 REPLAY_HOST_DEVICE void prepare_optimizer_update(StepScalars& s, const LrSchedule& sc) {
-  s.noop = s.found_inf != 0 ? 1 : 0;
+  s.noop = s.found_inf != 0 || s.hold != 0 ? 1 : 0;
   if (s.noop == 0) {
     s.step += 1;
     s.lr = lr_at(sc, s.step - 1);

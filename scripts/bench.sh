@@ -73,11 +73,13 @@ if [ "$pytorch" = 1 ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda
 else
   echo "bench.sh: PyTorch with CUDA not importable: baselines skipped"
 fi
+mkdir -p "$out/rounds"
 for round in 1 2; do
-  run replay_ops_$round "$bin/replay-ops" --warmup "$warmup" --repeats "$repeats" --json "$out/replay_ops_$round.json"
+  run rounds/replay_ops_$round "$bin/replay-ops" --warmup "$warmup" --repeats "$repeats" \
+    --json "$out/rounds/replay_ops_$round.json"
   if [ "$have_torch" = 1 ]; then
-    PYTHONUNBUFFERED=1 run pytorch_ops_$round python3 scripts/pytorch_baseline.py ops --warmup "$warmup" \
-      --repeats "$repeats" --json "$out/pytorch_ops_$round.json"
+    PYTHONUNBUFFERED=1 run rounds/pytorch_ops_$round python3 scripts/pytorch_baseline.py ops --warmup "$warmup" \
+      --repeats "$repeats" --json "$out/rounds/pytorch_ops_$round.json"
   fi
 done
 best_of() {  # best_of OUT IN...: per op, the run with the lowest median
@@ -95,11 +97,45 @@ merged.setdefault("protocol", {})["runs"] = f"best median of {len(runs)} interle
 json.dump(merged, open(out, "w"), indent=2)
 PY
 }
-ls "$out"/replay_ops_[12].json >/dev/null 2>&1 && best_of "$out/replay_ops.json" "$out"/replay_ops_[12].json
-ls "$out"/pytorch_ops_[12].json >/dev/null 2>&1 && best_of "$out/pytorch_ops.json" "$out"/pytorch_ops_[12].json
+ls "$out"/rounds/replay_ops_[12].json >/dev/null 2>&1 && best_of "$out/replay_ops.json" "$out"/rounds/replay_ops_[12].json
+ls "$out"/rounds/pytorch_ops_[12].json >/dev/null 2>&1 && best_of "$out/pytorch_ops.json" "$out"/rounds/pytorch_ops_[12].json
 if [ -x "$bin/replay-graphs-bench" ]; then
   run graphs_bench "$bin/replay-graphs-bench" --json "$out/graphs_bench.json" \
     $([ "$quick" = 1 ] && echo "--repeats 5")
+fi
+
+# Workloads: each in all three graph modes on its MLPerf shard preset, PyTorch's eager and graphed step
+# on the same shapes and layer count, and a host-delay sweep on the tiny preset (where launches matter).
+steps=50
+[ "$quick" = 1 ] && steps=10
+run_workload() {  # run_workload NAME PRESET: replay's three modes, then PyTorch's two
+  local wl=$1 preset=$2 mode layers
+  [ -x "$bin/replay-$wl" ] || { echo "bench.sh: $bin/replay-$wl not built: skipped"; return 0; }
+  for mode in none layer full; do
+    run "replay_${wl}_${preset}_$mode" "$bin/replay-$wl" --preset "$preset" --graphs "$mode" --steps "$steps" \
+      --seed 1234 --json "$out/replay_${wl}_${preset}_$mode.json" --mllog "$out/replay_${wl}_${preset}_$mode.mllog"
+  done
+  layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["layers"])' \
+    "$out/replay_${wl}_${preset}_none.json" 2>/dev/null || true)
+  if [ -f "$out/replay_${wl}_${preset}_full.mllog" ]; then
+    run "mllog_check_${wl}_${preset}" bash scripts/mlperf/check_mllog.sh "$out/replay_${wl}_${preset}_full.mllog"
+  fi
+  if [ "$have_torch" = 1 ] && [ -n "$layers" ]; then
+    for mode in none full; do
+      PYTHONUNBUFFERED=1 run "pytorch_${wl}_${preset}_$mode" python3 scripts/pytorch_baseline.py "$wl" \
+        --preset "$preset" --graphs "$mode" --steps "$steps" --layers "$layers" --seed 1234 \
+        --json "$out/pytorch_${wl}_${preset}_$mode.json"
+    done
+  fi
+}
+run_workload gpt3 175b-tp4
+if [ -x "$bin/replay-gpt3" ]; then
+  for delay in 0 5 20 50; do
+    for mode in none full; do
+      run "replay_gpt3_tiny_${mode}_delay${delay}us" "$bin/replay-gpt3" --preset tiny --graphs "$mode" \
+        --steps 20 --seed 1234 --host-delay-us "$delay" --json "$out/replay_gpt3_tiny_${mode}_delay${delay}us.json"
+    done
+  done
 fi
 
 # Reports: per-section markdown and plots, then one summary.md.
@@ -117,6 +153,9 @@ fi
 if [ -f "$out/graphs_bench.json" ]; then
   python3 scripts/report.py graphs --json "$out/graphs_bench.json" --out "$out" \
     && cat "$out/graphs_summary.md" >>"$out/summary.md"
+fi
+if ls "$out"/replay_*_*_*.json >/dev/null 2>&1; then
+  python3 scripts/report.py workloads --dir "$out" --out "$out" && cat "$out/workloads_summary.md" >>"$out/summary.md"
 fi
 echo "bench.sh: wrote $out/summary.md"
 if [ ${#failures[@]} -gt 0 ]; then

@@ -172,7 +172,7 @@ class BaselineError(Exception):
 # Whole-model shapes per preset (reference/workloads.md). tp is the tensor-parallel degree whose one GPU's
 # slice is run; model_layers caps --layers. tiny is the test preset: seconds on a GPU.
 GPT3_PRESETS = {
-    "tiny": {"hidden": 256, "heads": 4, "head_dim": 64, "ffn": 1024, "seq": 128, "micro_batch": 1,
+    "tiny": {"hidden": 128, "heads": 2, "head_dim": 64, "ffn": 512, "seq": 128, "micro_batch": 2,
              "data_vocab": 512, "tp": 1, "model_layers": 2},
     "175b-tp4": {"hidden": 12288, "heads": 96, "head_dim": 128, "ffn": 49152, "seq": 2048, "micro_batch": 1,
                  "data_vocab": 50257, "tp": 4, "model_layers": 96},
@@ -180,9 +180,8 @@ GPT3_PRESETS = {
                  "data_vocab": 50257, "tp": 8, "model_layers": 96},
 }
 
-# The vocabulary is padded to a multiple of this (50257 -> 50304) and split evenly over the TP ranks, as in
-# SCHEMA.md's example (vocab 50304, vocab_shard 12576 at TP4). Megatron pads to a multiple of 128 x TP
-# instead (50688 at TP4, 51200 at TP8); whichever replay-gpt3 uses, this must match it.
+# The vocabulary is padded to a multiple of this times TP and split evenly over the TP ranks, as Megatron
+# and replay-gpt3 do (reference/workloads.md): 50257 -> 50688 at TP4 (12672 per GPU), 51200 at TP8.
 VOCAB_PAD_MULTIPLE = 128
 
 # Bytes of training state per parameter that the default layer count budgets for, as replay counts them
@@ -221,7 +220,7 @@ def gpt3_config(preset):
         raise ValueError(f"unknown gpt3 preset {preset!r}; choose one of {', '.join(GPT3_PRESETS)}")
     p = GPT3_PRESETS[preset]
     tp = p["tp"]
-    vocab = padded_vocab(p["data_vocab"])
+    vocab = padded_vocab(p["data_vocab"], VOCAB_PAD_MULTIPLE * tp)
     for what, n in (("heads", p["heads"]), ("ffn", p["ffn"]), ("padded vocabulary", vocab)):
         if n % tp:
             raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")

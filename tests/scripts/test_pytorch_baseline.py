@@ -147,12 +147,12 @@ TP8 = pb.gpt3_config("175b-tp8")
 class Gpt3Shapes(unittest.TestCase):
     def test_tp4_shard(self):
         for key, value in {"hidden": 12288, "heads": 24, "head_dim": 128, "ffn": 12288, "seq": 2048,
-                           "micro_batch": 1, "vocab": 50304, "vocab_shard": 12576, "data_vocab": 50257,
+                           "micro_batch": 1, "vocab": 50688, "vocab_shard": 12672, "data_vocab": 50257,
                            "tp": 4, "model_layers": 96}.items():
             self.assertEqual(TP4[key], value, key)
 
     def test_tp8_shard(self):
-        self.assertEqual((TP8["heads"], TP8["ffn"], TP8["vocab_shard"], TP8["tp"]), (12, 6144, 6288, 8))
+        self.assertEqual((TP8["heads"], TP8["ffn"], TP8["vocab_shard"], TP8["tp"]), (12, 6144, 6400, 8))
 
     def test_tiny_is_small(self):
         tiny = pb.gpt3_config("tiny")
@@ -177,7 +177,7 @@ class Gpt3Shapes(unittest.TestCase):
         self.assertEqual(pb.gpt3_layer_params(TP4), 453_080_064)
 
     def test_embedding_params(self):
-        self.assertEqual(pb.gpt3_embedding_params(TP4), 12576 * 12288 + 2048 * 12288 + 2 * 12288)
+        self.assertEqual(pb.gpt3_embedding_params(TP4), 12672 * 12288 + 2048 * 12288 + 2 * 12288)
         self.assertEqual(pb.gpt3_params(TP4, 7), 7 * 453_080_064 + pb.gpt3_embedding_params(TP4))
 
     def test_whole_model_at_tp1_is_gpt3_175b(self):
@@ -281,7 +281,7 @@ class Gpt3Data(unittest.TestCase):
             (self.good_attrs(vocab_size=1.5), (16, 2049), True, "vocab_size is 1.5"),
             (self.good_attrs(), (15, 2049), True, "/tokens shape [15, 2049]"),
             (self.good_attrs(seq_len=1024), (16, 1025), True, "not the model's 2048"),
-            (self.good_attrs(vocab_size=60000), (16, 2049), True, "larger than the model's vocabulary 50304"),
+            (self.good_attrs(vocab_size=60000), (16, 2049), True, "larger than the model's vocabulary 50688"),
         ]
         for attrs, shape, is_int32, fragment in cases:
             with self.subTest(fragment):

@@ -399,6 +399,9 @@ int run(int argc, char** argv) {
   app.add_option("--only", only, "time only the ops whose name matches this regular expression");
   app.add_option("--device", device, "CUDA device ordinal");
   bool autotune = false;
+  int candidates = 8;
+  app.add_option("--gemm-candidates", candidates, "heuristic candidates --gemm-autotune times")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--gemm-autotune", autotune,
                "time cuBLASLt's top heuristic candidates at set-up and keep the fastest (the choice, and so "
                "the bits, may then differ between runs)");
@@ -410,7 +413,10 @@ int run(int argc, char** argv) {
   std::printf("# replay-ops\n%s", env.to_text().c_str());
 
   GemmOptions gemm_options;
-  if (autotune) gemm_options.selection = GemmAlgoSelection::kAutotune;
+  if (autotune) {
+    gemm_options.selection = GemmAlgoSelection::kAutotune;
+    gemm_options.autotune_candidates = candidates;
+  }
   Shared sh(ctx, gemm_options);
   std::vector<OpCase> cases;
   add_gemm_cases(cases, sh, kGpt3);

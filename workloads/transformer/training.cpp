@@ -60,10 +60,7 @@ void Trainer::allocate() {
 }
 
 void Trainer::build_step_plan() {
-  // Eager runs go through the plan in layer mode with no region graphable: the same regions, the
-  // same neutral warm-up (the plan's none mode has none), nothing captured.
-  const bool eager = config_.mode == graphs::GraphMode::kNone;
-  graphs::StepPlanOptions options(eager ? graphs::GraphMode::kLayer : config_.mode);
+  graphs::StepPlanOptions options(config_.mode);
   options.warmup_steps = config_.warmup;
   step_plan_ = std::make_unique<graphs::StepPlan>("step", options);
   Transformer& m = *model_;
@@ -80,7 +77,6 @@ void Trainer::build_step_plan() {
       nvtxRangePop();
     };
     r.args = std::move(args);
-    if (eager) r.graphable = false;
     step_plan_->add_region(std::move(r));
   };
   using graphs::RegionKind;
@@ -113,12 +109,10 @@ void Trainer::build_step_plan() {
       "optimizer", RegionKind::kOther, [this](cudaStream_t s) { optimizer_step(s); },
       [this] { return optimizer_args(); });
 
-  // What carries from one step to the next; gradients and activations are rewritten every step.
-  const ParamStore& params = m.params();
-  step_plan_->add_state("params.bf16", params.weights());
-  step_plan_->add_state("params.master", params.masters());
-  step_plan_->add_state("adam.exp_avg", params.exp_avg());
-  step_plan_->add_state("adam.exp_avg_sq", params.exp_avg_sq());
+  // What carries from one step to the next: parameters, master weights and Adam's moments, which the
+  // warm-up hold keeps the optimizer from touching, and the step scalars, saved and restored. Gradients
+  // and activations are rewritten every step.
+  step_plan_->set_warmup_hold(&scalars_->hold);
   step_plan_->add_state("step_scalars", graphs::step_scalars_view(scalars_));
   step_plan_->set_rng(rng_.get());
 }
