@@ -1,5 +1,10 @@
 # Helpers shared by every CMakeLists.txt: compile options, one helper per target kind.
 
+# Environment of every test run under mpiexec: OpenMPI refuses to start as root (CI and the GPU
+# machine run as root) unless told, and NVLink multicast stays off on shared multi-GPU hosts.
+set(REPLAY_MPI_TEST_ENVIRONMENT
+    "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;NCCL_NVLS_ENABLE=0")
+
 # replay_set_options(<target>): warnings and CUDA flags every replay target uses.
 function(replay_set_options target)
   target_compile_options(${target} PRIVATE
@@ -56,6 +61,7 @@ function(replay_add_test name)
     add_test(NAME ${name}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_RANKS} --oversubscribe
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${ARG_ARGS})
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${REPLAY_MPI_TEST_ENVIRONMENT}")
   else()
     add_test(NAME ${name} COMMAND ${name} ${ARG_ARGS})
   endif()

@@ -360,10 +360,15 @@ double WorkloadReport::model_tflops() const {
   return step_ms.median > 0 ? flops_per_step / (step_ms.median * 1e-3) / 1e12 : 0.0;
 }
 
+nlohmann::ordered_json to_json(const EnvironmentReport& environment) {
+  nlohmann::ordered_json env = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : environment.fields) env[k] = v;
+  return env;
+}
+
 nlohmann::ordered_json to_json(const WorkloadReport& r) {
   using nlohmann::ordered_json;
-  ordered_json env = ordered_json::object();
-  for (const auto& [k, v] : r.environment.fields) env[k] = v;
+  const ordered_json env = to_json(r.environment);
   const double median_s = r.step_ms.median * 1e-3;
   auto or_null = [](bool known, double v) {
     return known ? ordered_json(v) : ordered_json(nullptr);

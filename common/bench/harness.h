@@ -187,6 +187,8 @@ struct WorkloadReport {
 };
 
 nlohmann::ordered_json to_json(const WorkloadReport& report);
+// The environment report as a JSON object (every benchmark's "environment" block).
+nlohmann::ordered_json to_json(const EnvironmentReport& environment);
 // Writes `doc` to `path` through a temporary file and a rename: never half a file.
 void write_json(const std::string& path, const nlohmann::ordered_json& doc);
 // The final table printed at the end of a run.

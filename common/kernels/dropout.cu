@@ -14,7 +14,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "common/check.h"
@@ -203,15 +206,15 @@ struct Plan {
 
 // As many row groups as make one wave of resident blocks (every SM full, every block an equal
 // share of rows; 2048 x 12288 on 132 SMs: 6 tiles x 86 groups of 24 rows), at most max_groups.
-// Depends only on the shape and the device, never on timing.
+// Depends only on the shape and the device, never on timing. Made once per (kernel, device, shape)
+// and cached: the occupancy query costs microseconds of host time on every launch otherwise.
 template <typename Kernel>
-Plan plan_blocks(Kernel kernel, int64_t rows, int C, int64_t max_groups) {
+Plan make_plan(Kernel kernel, int device, int64_t rows, int C, int64_t max_groups) {
   Plan plan{};
   const int packs = C / 8;
   plan.threads = std::min(kThreads, ceil_div(packs, 32) * 32);
   plan.col_tiles = ceil_div(packs, plan.threads);
-  int device = 0, sms = 0, per_sm = 0;
-  REPLAY_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0, per_sm = 0;
   REPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   REPLAY_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.threads, 0));
@@ -220,6 +223,22 @@ Plan plan_blocks(Kernel kernel, int64_t rows, int C, int64_t max_groups) {
   plan.rows_per_group = ceil_div<int64_t>(rows, groups);
   plan.groups = static_cast<int>(ceil_div<int64_t>(rows, plan.rows_per_group));
   return plan;
+}
+
+template <typename Kernel>
+Plan plan_blocks(Kernel kernel, int64_t rows, int C, int64_t max_groups) {
+  static std::map<std::tuple<const void*, int, int64_t, int, int64_t>, Plan> cache;
+  static std::mutex mutex;
+  int device = 0;
+  REPLAY_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key =
+      std::make_tuple(reinterpret_cast<const void*>(kernel), device, rows, C, max_groups);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, make_plan(kernel, device, rows, C, max_groups)).first;
+  }
+  return it->second;
 }
 
 // The backward's bound on row groups: it sizes the dbias workspace from the shape alone.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/attention.h"
+#include "common/bench/harness.h"
 #include "common/bench/peaks.h"
 #include "common/bench/timing.h"
 #include "common/context.h"
@@ -460,18 +461,15 @@ int run(int argc, char** argv) {
   }
 
   if (!json_path.empty()) {
-    json env_json = json::object();
-    for (const auto& [k, v] : env.fields) env_json[k] = v;
-    json out = {{"tool", "replay-ops"},
-                {"version", REPLAY_VERSION},
-                {"environment", env_json},
-                {"protocol", {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"},
-                              {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"}}},
-                {"peaks", {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}}},
-                {"results", results}};
-    const std::string tmp = json_path + ".tmp";
-    std::ofstream(tmp) << out.dump(2) << "\n";
-    REPLAY_REQUIRE(std::rename(tmp.c_str(), json_path.c_str()) == 0, "cannot write " + json_path);
+    nlohmann::ordered_json out;
+    out["tool"] = "replay-ops";
+    out["version"] = REPLAY_VERSION;
+    out["environment"] = bench::to_json(env);
+    out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"},
+                       {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"}};
+    out["peaks"] = {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}};
+    out["results"] = results;
+    bench::write_json(json_path, out);
     std::printf("# wrote %s\n", json_path.c_str());
   }
   return 0;
@@ -481,10 +479,5 @@ int run(int argc, char** argv) {
 }  // namespace replay
 
 int main(int argc, char** argv) {
-  try {
-    return replay::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "replay-ops: %s\n", e.what());
-    return 1;
-  }
+  return replay::bench::run_main("replay-ops", [&] { return replay::run(argc, argv); });
 }

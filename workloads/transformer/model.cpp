@@ -1,4 +1,5 @@
-// model.cpp: the GPT-3 style shard: parameters, plans, buffers, forward and backward.
+// model.cpp: the transformer shard (GPT-3 or Llama options): parameters, plans, buffers, forward
+// and backward.
 #include "workloads/transformer/model.h"
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include "common/kernels/embedding.h"
 #include "common/kernels/init.h"
 #include "common/kernels/norms.h"
+#include "common/kernels/activations.h"
+#include "common/kernels/rope.h"
 #include "workloads/transformer/accumulate.h"
 
 namespace replay::transformer {
@@ -34,9 +37,10 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
     : ctx_(ctx), shape_(shape), microbatches_(microbatches), delay_(delay) {
   shape_.validate();
   REPLAY_REQUIRE(microbatches >= 1, "at least one micro-batch per step");
-  const int64_t C = shape_.hidden, A = shape_.attn_width(), F = shape_.ffn_shard(),
-                V = shape_.vocab_shard();
+  const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
+                F = shape_.ffn_shard(), F1 = shape_.fc1_width(), V = shape_.vocab_shard();
   const int64_t M = shape_.tokens(), L = shape_.layers;
+  const bool bias = shape_.bias, ln = layernorm();
 
   // Parameters: GPT-2/Megatron initialization, N(0, 0.02) with the residual-branch output layers
   // scaled by 1/sqrt(2L); biases and LayerNorm shifts zero, LayerNorm scales one. Weight decay on
@@ -47,46 +51,60 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
     return params_.add(ParamSpec{std::move(name), std::move(dims), init, stddev, decay});
   };
   wte_ = add_param("embedding.token", {V, C}, ParamInit::kNormal, 0.02f, true);
-  wpe_ = add_param("embedding.position", {shape_.seq, C}, ParamInit::kNormal, 0.02f, true);
+  if (shape_.position == PositionKind::kLearned)
+    wpe_ = add_param("embedding.position", {shape_.seq, C}, ParamInit::kNormal, 0.02f, true);
+  // A weight or bias the shape leaves out stays -1.
+  auto add_if = [&](bool present, std::string name, std::vector<int64_t> dims, ParamInit init) {
+    return present ? add_param(std::move(name), std::move(dims), init, 0, false) : ParamId{-1};
+  };
   for (int64_t l = 0; l < L; ++l) {
     const std::string n = "layer" + std::to_string(l) + ".";
     LayerParams p{};
     p.ln1_gamma = add_param(n + "ln1.weight", {C}, ParamInit::kOnes, 0, false);
-    p.ln1_beta = add_param(n + "ln1.bias", {C}, ParamInit::kZeros, 0, false);
-    p.qkv_weight = add_param(n + "attn.qkv.weight", {3 * A, C}, ParamInit::kNormal, 0.02f, true);
-    p.qkv_bias = add_param(n + "attn.qkv.bias", {3 * A}, ParamInit::kZeros, 0, false);
+    p.ln1_beta = add_if(ln, n + "ln1.bias", {C}, ParamInit::kZeros);
+    p.qkv_weight = add_param(n + "attn.qkv.weight", {W, C}, ParamInit::kNormal, 0.02f, true);
+    p.qkv_bias = add_if(bias, n + "attn.qkv.bias", {W}, ParamInit::kZeros);
     p.proj_weight = add_param(n + "attn.proj.weight", {C, A}, ParamInit::kNormal, out_std, true);
-    p.proj_bias = add_param(n + "attn.proj.bias", {C}, ParamInit::kZeros, 0, false);
+    p.proj_bias = add_if(bias, n + "attn.proj.bias", {C}, ParamInit::kZeros);
     p.ln2_gamma = add_param(n + "ln2.weight", {C}, ParamInit::kOnes, 0, false);
-    p.ln2_beta = add_param(n + "ln2.bias", {C}, ParamInit::kZeros, 0, false);
-    p.fc1_weight = add_param(n + "mlp.fc1.weight", {F, C}, ParamInit::kNormal, 0.02f, true);
-    p.fc1_bias = add_param(n + "mlp.fc1.bias", {F}, ParamInit::kZeros, 0, false);
+    p.ln2_beta = add_if(ln, n + "ln2.bias", {C}, ParamInit::kZeros);
+    p.fc1_weight = add_param(n + "mlp.fc1.weight", {F1, C}, ParamInit::kNormal, 0.02f, true);
+    p.fc1_bias = add_if(bias, n + "mlp.fc1.bias", {F1}, ParamInit::kZeros);
     p.fc2_weight = add_param(n + "mlp.fc2.weight", {C, F}, ParamInit::kNormal, out_std, true);
-    p.fc2_bias = add_param(n + "mlp.fc2.bias", {C}, ParamInit::kZeros, 0, false);
+    p.fc2_bias = add_if(bias, n + "mlp.fc2.bias", {C}, ParamInit::kZeros);
     layers_.push_back(p);
   }
   lnf_gamma_ = add_param("final_norm.weight", {C}, ParamInit::kOnes, 0, false);
-  lnf_beta_ = add_param("final_norm.bias", {C}, ParamInit::kZeros, 0, false);
+  lnf_beta_ = add_if(ln, "final_norm.bias", {C}, ParamInit::kZeros);
+  if (!shape_.tied_embedding)
+    lm_head_w_ = add_param("lm_head.weight", {V, C}, ParamInit::kNormal, 0.02f, true);
 
   // GEMM plans (gemm.h's linear layer): the QKV and fc1 bias gradients from their wgrad (BGRADA,
-  // fp32); fc1's forward keeps the GeLU pre-activation, fc2's dgrad applies its derivative.
-  qkv_ = make_linear(gemms, linear_gemms(M, C, 3 * A, true, false));
+  // fp32). GeLU: fc1's forward keeps the pre-activation, fc2's dgrad applies its derivative.
+  // SwiGLU: fc1 writes the fused gate and up pre-activation, the swiglu kernels do the rest.
+  qkv_ = make_linear(gemms, linear_gemms(M, C, W, bias, false));
   proj_ = make_linear(gemms, linear_gemms(M, A, C, false, false));
-  LinearGemms fc1 = linear_gemms(M, C, F, true, false);
-  fc1.forward.epilogue = Epilogue::kBiasGeluAux;
+  LinearGemms fc1 = linear_gemms(M, C, F1, bias, false);
+  if (!swiglu()) fc1.forward.epilogue = bias ? Epilogue::kBiasGeluAux : Epilogue::kGeluAux;
   fc1_ = make_linear(gemms, fc1);
   LinearGemms fc2 = linear_gemms(M, F, C, false, false);
-  fc2.dgrad.epilogue = Epilogue::kDGelu;
+  if (!swiglu()) fc2.dgrad.epilogue = Epilogue::kDGelu;
   fc2_ = make_linear(gemms, fc2);
-  // The tied LM head: logits = h W_emb^T; its wgrad always adds to the embedding backward's rows.
-  const LinearGemms head = linear_gemms(M, C, V, false, true);
-  lm_head_.forward = &gemms.get(head.forward);
-  lm_head_.dgrad = &gemms.get(head.dgrad);
-  lm_head_.wgrad[0] = lm_head_.wgrad[1] = &gemms.get(head.wgrad);
+  if (shape_.tied_embedding) {
+    // The tied LM head: logits = h W_emb^T; its wgrad always adds to the embedding backward's
+    // rows.
+    const LinearGemms head = linear_gemms(M, C, V, false, true);
+    lm_head_.forward = &gemms.get(head.forward);
+    lm_head_.dgrad = &gemms.get(head.dgrad);
+    lm_head_.wgrad[0] = lm_head_.wgrad[1] = &gemms.get(head.wgrad);
+  } else {
+    lm_head_ = make_linear(gemms, linear_gemms(M, C, V, false, false));
+  }
 
   AttentionDesc att;
   att.batch = shape_.micro_batch;
-  att.heads_q = att.heads_kv = shape_.heads_shard();
+  att.heads_q = shape_.heads_shard();
+  att.heads_kv = shape_.kv_heads_shard();
   att.seq_q = shape_.seq;
   att.head_dim_qk = shape_.head_dim;
   att.causal = true;
@@ -98,7 +116,8 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
   gemm_ws_bytes_ = std::max<size_t>(gemms.max_workspace_bytes(), 256);
   attention_ws_bytes_ = std::max<size_t>(
       {attention_->forward_workspace_bytes(), attention_->backward_workspace_bytes(), size_t{256}});
-  norm_ws_bytes_ = layernorm_backward_workspace_bytes(M, static_cast<int>(C));
+  norm_ws_bytes_ = ln ? layernorm_backward_workspace_bytes(M, static_cast<int>(C))
+                      : rmsnorm_backward_workspace_bytes(M, static_cast<int>(C));
   dropout_ws_bytes_ = dropout_residual_backward_workspace_bytes(M, static_cast<int>(C));
   embedding_ws_bytes_ = embedding_backward_workspace_bytes(
       EmbeddingShape{shape_.micro_batch, shape_.seq, C, shape_.vocab_start(), V});
@@ -124,13 +143,16 @@ void Transformer::add(ArenaPlan& plan, TensorView& view, const std::string& name
 
 void Transformer::plan(ArenaPlan& plan) {
   REPLAY_REQUIRE(planned_.empty(), "Transformer::plan called twice");
-  const int64_t C = shape_.hidden, A = shape_.attn_width(), F = shape_.ffn_shard(),
-                V = shape_.vocab_shard();
+  const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
+                F = shape_.ffn_shard(), F1 = shape_.fc1_width(), V = shape_.vocab_shard();
   const int64_t M = shape_.tokens(), n = microbatches_;
   const int L = num_layers();
+  const bool ln = layernorm();
   const Lifetime forever{};
   const Lifetime head{phase_head(), phase_head()};
   const Lifetime head_to_end{phase_head(), phase_embedding_backward()};
+  // The tied LM head's wgrad runs in the embedding backward: its inputs live until then.
+  const Lifetime head_wgrad_inputs = shape_.tied_embedding ? head_to_end : head;
   const Lifetime backward{phase_layer_backward(L - 1), phase_layer_backward(0)};
   const DType kBF = DType::kBF16, kF32 = DType::kFP32, kI32 = DType::kINT32, kU8 = DType::kUINT8;
 
@@ -139,6 +161,8 @@ void Transformer::plan(ArenaPlan& plan) {
   add(plan, targets_, "input.targets", kI32, n * M, "inputs", forever);
   add(plan, dloss_, "loss.dloss", kF32, 1, "inputs", forever);
   add(plan, mb_loss_, "loss.micro_batches", kF32, n, "inputs", forever);
+  if (rope())  // (cos, sin) per position and frequency, built at set-up
+    add(plan, rope_table_, "rope.table", kF32, shape_.seq * shape_.head_dim, "inputs", forever);
 
   add(plan, x_[0], "x0", kBF, M * C, "activations",
       {phase_embedding_forward(), phase_layer_backward(0)});
@@ -146,18 +170,18 @@ void Transformer::plan(ArenaPlan& plan) {
     const std::string p = "layer" + std::to_string(l) + ".";
     const Lifetime life{phase_layer_forward(l), phase_layer_backward(l)};
     LayerActs& a = acts_[static_cast<size_t>(l)];
-    add(plan, a.ln1_mean, p + "ln1.mean", kF32, M, "activations", life);
+    if (ln) add(plan, a.ln1_mean, p + "ln1.mean", kF32, M, "activations", life);
     add(plan, a.ln1_rstd, p + "ln1.rstd", kF32, M, "activations", life);
     add(plan, a.h1, p + "ln1.out", kBF, M * C, "activations", life);
-    add(plan, a.qkv, p + "attn.qkv", kBF, M * 3 * A, "activations", life);
+    add(plan, a.qkv, p + "attn.qkv", kBF, M * W, "activations", life);
     add(plan, a.attn_o, p + "attn.out", kBF, M * A, "activations", life);
     add(plan, a.attn_stats, p + "attn.lse", kF32, M * shape_.heads_shard(), "activations", life);
     add(plan, a.x_mid, p + "x_mid", kBF, M * C, "activations", life);
-    add(plan, a.ln2_mean, p + "ln2.mean", kF32, M, "activations", life);
+    if (ln) add(plan, a.ln2_mean, p + "ln2.mean", kF32, M, "activations", life);
     add(plan, a.ln2_rstd, p + "ln2.rstd", kF32, M, "activations", life);
     add(plan, a.h2, p + "ln2.out", kBF, M * C, "activations", life);
     add(plan, a.fc1_out, p + "mlp.fc1.out", kBF, M * F, "activations", life);
-    add(plan, a.fc1_aux, p + "mlp.fc1.preact", kBF, M * F, "activations", life);
+    add(plan, a.fc1_aux, p + "mlp.fc1.preact", kBF, M * F1, "activations", life);
     const int end = l + 1 < L ? phase_layer_backward(l + 1) : phase_head();
     add(plan, x_[static_cast<size_t>(l) + 1], "x" + std::to_string(l + 1), kBF, M * C,
         "activations", {phase_layer_forward(l), end});
@@ -165,9 +189,9 @@ void Transformer::plan(ArenaPlan& plan) {
   add(plan, fwd_tmp_, "forward.scratch", kBF, M * C, "activations",
       {phase_layer_forward(0), phase_layer_forward(L - 1)});
 
-  add(plan, hf_, "head.norm.out", kBF, M * C, "activations", head_to_end);
-  add(plan, logits_, "head.logits", kBF, M * V, "activations", head_to_end);
-  add(plan, lnf_mean_, "head.norm.mean", kF32, M, "activations", head);
+  add(plan, hf_, "head.norm.out", kBF, M * C, "activations", head_wgrad_inputs);
+  add(plan, logits_, "head.logits", kBF, M * V, "activations", head_wgrad_inputs);
+  if (ln) add(plan, lnf_mean_, "head.norm.mean", kF32, M, "activations", head);
   add(plan, lnf_rstd_, "head.norm.rstd", kF32, M, "activations", head);
   add(plan, ce_stats_, "head.ce.stats", kF32, cross_entropy_stats_floats(M), "activations", head);
   add(plan, row_loss_, "head.ce.row_loss", kF32, M, "activations", head);
@@ -175,23 +199,25 @@ void Transformer::plan(ArenaPlan& plan) {
   add(plan, d_hf_, "head.norm.dout", kBF, M * C, "activations", head);
 
   add(plan, grad_, "backward.residual_grad", kBF, M * C, "activations", head_to_end);
-  add(plan, d_branch_, "backward.branch_grad", kBF, M * C, "activations", backward);
+  if (!branch_grad_is_residual())
+    add(plan, d_branch_, "backward.branch_grad", kBF, M * C, "activations", backward);
   add(plan, d_h_, "backward.norm_out_grad", kBF, M * C, "activations", backward);
-  add(plan, d_fc1_, "backward.fc1_grad", kBF, M * F, "activations", backward);
+  add(plan, d_fc1_, "backward.fc1_grad", kBF, M * F1, "activations", backward);
+  if (swiglu()) add(plan, d_act_, "backward.swiglu_out_grad", kBF, M * F, "activations", backward);
   add(plan, d_attn_, "backward.attn_out_grad", kBF, M * A, "activations", backward);
-  add(plan, d_qkv_, "backward.qkv_grad", kBF, M * 3 * A, "activations", backward);
-  if (n > 1)
-    add(plan, bias_scratch_, "backward.bias_grad", kF32, std::max(F, 3 * A), "activations",
-        backward);
+  add(plan, d_qkv_, "backward.qkv_grad", kBF, M * W, "activations", backward);
+  if (n > 1 && shape_.bias)
+    add(plan, bias_scratch_, "backward.bias_grad", kF32, std::max(F1, W), "activations", backward);
 
   add(plan, gemm_ws_, "gemm.workspace", kU8, static_cast<int64_t>(gemm_ws_bytes_), "workspace",
       {phase_embedding_forward(), phase_embedding_backward()});
   add(plan, attention_ws_, "attention.workspace", kU8, static_cast<int64_t>(attention_ws_bytes_),
       "workspace", {phase_layer_forward(0), phase_layer_backward(0)});
-  add(plan, norm_ws_, "layernorm.workspace", kU8, static_cast<int64_t>(norm_ws_bytes_), "workspace",
-      {phase_head(), phase_layer_backward(0)});
-  add(plan, dropout_ws_, "dropout.workspace", kU8, static_cast<int64_t>(dropout_ws_bytes_),
-      "workspace", backward);
+  add(plan, norm_ws_, ln ? "layernorm.workspace" : "rmsnorm.workspace", kU8,
+      static_cast<int64_t>(norm_ws_bytes_), "workspace", {phase_head(), phase_layer_backward(0)});
+  if (!branch_grad_is_residual())
+    add(plan, dropout_ws_, "dropout.workspace", kU8, static_cast<int64_t>(dropout_ws_bytes_),
+        "workspace", backward);
   add(plan, embedding_ws_, "embedding.workspace", kU8, static_cast<int64_t>(embedding_ws_bytes_),
       "workspace", {phase_embedding_backward(), phase_embedding_backward()});
 }
@@ -204,6 +230,12 @@ void Transformer::bind(const Arena& arena) {
 
 void Transformer::initialize(uint64_t seed, cudaStream_t stream) {
   params_.initialize(seed, stream);
+  if (rope()) {
+    const RopeScaling scaling =
+        shape_.rope_llama31_scaling ? RopeScaling::llama31() : RopeScaling{};
+    rope_build_table(static_cast<float2*>(rope_table_.data), static_cast<int>(shape_.seq),
+                     static_cast<int>(shape_.head_dim), shape_.rope_theta, scaling, stream);
+  }
   // The gradient of the step's loss with respect to each micro-batch's mean loss.
   init_constant(dloss_, 1.0f / static_cast<float>(microbatches_), stream);
   REPLAY_CUDA_CHECK(cudaMemsetAsync(mb_loss_.data, 0, mb_loss_.bytes(), stream));
@@ -246,12 +278,77 @@ void Transformer::gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const
   plan->run(stream, args);
 }
 
+// ---- Shared pieces ----------------------------------------------------------------------------
+
+const bf16* Transformer::head_weight() const {
+  return params_.weight(shape_.tied_embedding ? wte_ : lm_head_w_);
+}
+
+void Transformer::norm_forward(bf16* out, const TensorView& mean, const TensorView& rstd,
+                               const bf16* x, ParamId gamma, ParamId beta, cudaStream_t s) const {
+  const int64_t M = shape_.tokens();
+  const int C = static_cast<int>(shape_.hidden);
+  hook();
+  if (layernorm())
+    layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, params_.weight(gamma),
+                      params_.weight(beta), M, C, shape_.norm_eps, s);
+  else
+    rmsnorm_forward(out, ptr<float>(rstd), x, params_.weight(gamma), M, C, shape_.norm_eps, s);
+}
+
+void Transformer::norm_backward(bf16* dx, ParamId gamma, ParamId beta, const bf16* dout,
+                                const bf16* x, const TensorView& mean, const TensorView& rstd,
+                                bool accumulate_dx, bool accumulate, cudaStream_t s) const {
+  const int64_t M = shape_.tokens();
+  const int C = static_cast<int>(shape_.hidden);
+  const ParamStore& w = params_;
+  hook();
+  if (layernorm())
+    layernorm_backward(dx, w.grad(gamma), w.grad(beta), dout, x, w.weight(gamma), ptr<float>(mean),
+                       ptr<float>(rstd), M, C, accumulate_dx, accumulate, norm_ws_.data,
+                       norm_ws_.bytes(), s);
+  else
+    rmsnorm_backward(dx, w.grad(gamma), dout, x, w.weight(gamma), ptr<float>(rstd), M, C,
+                     accumulate_dx, accumulate, norm_ws_.data, norm_ws_.bytes(), s);
+}
+
+const bf16* Transformer::branch_grad(ParamId bias, const std::vector<RngArgs>& rng, int mb,
+                                     int layer, cudaStream_t s) const {
+  if (branch_grad_is_residual()) return ptr<bf16>(grad_);
+  hook();
+  dropout_residual_backward(ptr<bf16>(d_branch_), bias >= 0 ? params_.grad(bias) : nullptr,
+                            ptr<bf16>(grad_), shape_.tokens(), static_cast<int>(shape_.hidden),
+                            shape_.dropout, rng_of(rng, mb, layer), mb > 0, dropout_ws_.data,
+                            dropout_ws_.bytes(), s);
+  return ptr<bf16>(d_branch_);
+}
+
+// Rotates the q and k heads of a fused QKV buffer (or of its gradient) in place: they are the first
+// Hq + Hkv heads of each token's row of width qkv_width(); the v heads pass untouched.
+void Transformer::rope_apply(void* qkv, bool backward, cudaStream_t s) const {
+  RopeLayout layout;
+  layout.batch = shape_.micro_batch;
+  layout.seq = shape_.seq;
+  layout.heads = static_cast<int>(shape_.heads_shard() + shape_.kv_heads_shard());
+  layout.head_dim = static_cast<int>(shape_.head_dim);
+  layout.rope_dim = layout.head_dim;
+  layout.token_stride = shape_.qkv_width();
+  const auto* table = static_cast<const float2*>(rope_table_.data);
+  const int positions = static_cast<int>(shape_.seq);
+  auto* x = static_cast<bf16*>(qkv);
+  hook();
+  if (backward)
+    rope_backward(x, x, table, positions, nullptr, layout, s);
+  else
+    rope_forward(x, x, table, positions, nullptr, layout, s);
+}
+
 // ---- Forward ----------------------------------------------------------------------------------
 
 void Transformer::embedding_forward(int mb, cudaStream_t s) const {
   hook();
   replay::embedding_forward(ptr<bf16>(x_[0]), tokens(mb), params_.weight(wte_),
-                            params_.weight(wpe_),
+                            wpe_ >= 0 ? params_.weight(wpe_) : nullptr,
                             EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                            shape_.vocab_start(), shape_.vocab_shard()},
                             s);
@@ -264,16 +361,16 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   bf16* out = ptr<bf16>(x_[static_cast<size_t>(layer) + 1]);
   const int64_t M = shape_.tokens();
   const int C = static_cast<int>(shape_.hidden);
-  const float eps = shape_.norm_eps, drop = shape_.dropout;
+  const float drop = shape_.dropout;
   const ParamStore& w = params_;
+  auto bias = [&w](ParamId id) { return id >= 0 ? w.weight(id) : nullptr; };
 
-  hook();
-  layernorm_forward(ptr<bf16>(a.h1), ptr<float>(a.ln1_mean), ptr<float>(a.ln1_rstd), x,
-                    w.weight(p.ln1_gamma), w.weight(p.ln1_beta), M, C, eps, s);
+  norm_forward(ptr<bf16>(a.h1), a.ln1_mean, a.ln1_rstd, x, p.ln1_gamma, p.ln1_beta, s);
   GemmArgs qkv;
   qkv.a = a.h1.data, qkv.b = w.weight(p.qkv_weight), qkv.d = a.qkv.data,
-  qkv.bias = w.weight(p.qkv_bias);
+  qkv.bias = bias(p.qkv_bias);
   gemm(qkv_.forward, qkv, s);
+  if (rope()) rope_apply(a.qkv.data, false, s);
   const AttentionDesc& ad = attention_->desc();
   const AttentionIO io{a.qkv.data, offset(a.qkv, ad.k_offset()), offset(a.qkv, ad.v_offset()),
                        a.attn_o.data, ptr<float>(a.attn_stats)};
@@ -284,39 +381,41 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   proj.a = a.attn_o.data, proj.b = w.weight(p.proj_weight), proj.d = fwd_tmp_.data;
   gemm(proj_.forward, proj, s);
   hook();
-  dropout_residual_forward(ptr<bf16>(a.x_mid), ptr<bf16>(fwd_tmp_), w.weight(p.proj_bias), x, M, C,
+  dropout_residual_forward(ptr<bf16>(a.x_mid), ptr<bf16>(fwd_tmp_), bias(p.proj_bias), x, M, C,
                            drop, rng_of(rng_attn_dropout_, mb, layer), s);
-  hook();
-  layernorm_forward(ptr<bf16>(a.h2), ptr<float>(a.ln2_mean), ptr<float>(a.ln2_rstd),
-                    ptr<bf16>(a.x_mid), w.weight(p.ln2_gamma), w.weight(p.ln2_beta), M, C, eps, s);
+  norm_forward(ptr<bf16>(a.h2), a.ln2_mean, a.ln2_rstd, ptr<bf16>(a.x_mid), p.ln2_gamma, p.ln2_beta,
+               s);
   GemmArgs fc1;
-  fc1.a = a.h2.data, fc1.b = w.weight(p.fc1_weight), fc1.d = a.fc1_out.data,
-  fc1.bias = w.weight(p.fc1_bias);
-  fc1.aux = a.fc1_aux.data;
-  gemm(fc1_.forward, fc1, s);
+  fc1.a = a.h2.data, fc1.b = w.weight(p.fc1_weight), fc1.bias = bias(p.fc1_bias);
+  if (swiglu()) {
+    fc1.d = a.fc1_aux.data;  // [M, 2F]: gate, then up
+    gemm(fc1_.forward, fc1, s);
+    hook();
+    swiglu_forward(ptr<bf16>(a.fc1_out), ptr<bf16>(a.fc1_aux), M,
+                   static_cast<int>(shape_.ffn_shard()), s);
+  } else {
+    fc1.d = a.fc1_out.data, fc1.aux = a.fc1_aux.data;
+    gemm(fc1_.forward, fc1, s);
+  }
   GemmArgs fc2;
   fc2.a = a.fc1_out.data, fc2.b = w.weight(p.fc2_weight), fc2.d = fwd_tmp_.data;
   gemm(fc2_.forward, fc2, s);
   hook();
-  dropout_residual_forward(out, ptr<bf16>(fwd_tmp_), w.weight(p.fc2_bias), ptr<bf16>(a.x_mid), M, C,
+  dropout_residual_forward(out, ptr<bf16>(fwd_tmp_), bias(p.fc2_bias), ptr<bf16>(a.x_mid), M, C,
                            drop, rng_of(rng_mlp_dropout_, mb, layer), s);
 }
 
-// ---- Head: final norm, tied LM head, cross-entropy, and their backward ------------------------
+// ---- Head: final norm, LM head, cross-entropy, and their backward -----------------------------
 
 void Transformer::head(int mb, cudaStream_t s) const {
   const int64_t M = shape_.tokens();
-  const int C = static_cast<int>(shape_.hidden);
   const CrossEntropyShape ce{M, shape_.vocab_shard(), shape_.vocab_start()};
-  const ParamStore& w = params_;
   bf16* logits = ptr<bf16>(logits_);
 
-  hook();
-  layernorm_forward(ptr<bf16>(hf_), ptr<float>(lnf_mean_), ptr<float>(lnf_rstd_),
-                    ptr<bf16>(x_.back()), w.weight(lnf_gamma_), w.weight(lnf_beta_), M, C,
-                    shape_.norm_eps, s);
+  norm_forward(ptr<bf16>(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
+               s);
   GemmArgs fwd;
-  fwd.a = hf_.data, fwd.b = w.weight(wte_), fwd.d = logits;
+  fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits;
   gemm(lm_head_.forward, fwd, s);
   // Vocab-parallel cross-entropy; under tensor parallelism the statistics would be all-gathered and
   // combined here (cross_entropy_combine_stats) before the loss.
@@ -329,13 +428,15 @@ void Transformer::head(int mb, cudaStream_t s) const {
   cross_entropy_backward(logits, logits, ptr<float>(ce_stats_), targets(mb), ptr<int32_t>(count_),
                          ptr<float>(dloss_), ce, s);  // dlogits in place
   GemmArgs dgrad;
-  dgrad.a = logits, dgrad.b = w.weight(wte_), dgrad.d = d_hf_.data;
+  dgrad.a = logits, dgrad.b = head_weight(), dgrad.d = d_hf_.data;
   gemm(lm_head_.dgrad, dgrad, s);
-  hook();
-  layernorm_backward(ptr<bf16>(grad_), w.grad(lnf_gamma_), w.grad(lnf_beta_), ptr<bf16>(d_hf_),
-                     ptr<bf16>(x_.back()), w.weight(lnf_gamma_), ptr<float>(lnf_mean_),
-                     ptr<float>(lnf_rstd_), M, C, false, mb > 0, norm_ws_.data, norm_ws_.bytes(),
-                     s);
+  if (!shape_.tied_embedding) {  // the untied head's weight gradient: dW (+)= dlogits^T h
+    GemmArgs wgrad;
+    wgrad.a = logits, wgrad.b = hf_.data, wgrad.d = params_.grad(lm_head_w_);
+    gemm(lm_head_.wgrad[mb > 0 ? 1 : 0], wgrad, s);
+  }
+  norm_backward(ptr<bf16>(grad_), lnf_gamma_, lnf_beta_, ptr<bf16>(d_hf_), ptr<bf16>(x_.back()),
+                lnf_mean_, lnf_rstd_, false, mb > 0, s);
   if (microbatches_ > 1 && mb == microbatches_ - 1) {
     hook();
     mean_of(step_loss_, ptr<float>(mb_loss_), microbatches_, s);
@@ -349,52 +450,50 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   const LayerActs& a = acts_[static_cast<size_t>(layer)];
   const bf16* x = ptr<bf16>(x_[static_cast<size_t>(layer)]);
   const int64_t M = shape_.tokens();
-  const int C = static_cast<int>(shape_.hidden);
-  const float drop = shape_.dropout;
   const int acc = mb > 0 ? 1 : 0;  // later micro-batches add to the first's gradients
+  const bool bias = shape_.bias;
   const ParamStore& w = params_;
   bf16* G = ptr<bf16>(grad_);
   float* scratch = ptr<float>(bias_scratch_);
 
   // MLP: G is dL/d(layer output).
-  hook();
-  dropout_residual_backward(ptr<bf16>(d_branch_), w.grad(p.fc2_bias), G, M, C, drop,
-                            rng_of(rng_mlp_dropout_, mb, layer), acc, dropout_ws_.data,
-                            dropout_ws_.bytes(), s);
+  const bf16* d_mlp = branch_grad(p.fc2_bias, rng_mlp_dropout_, mb, layer, s);
   GemmArgs fc2_d;
-  fc2_d.a = d_branch_.data, fc2_d.b = w.weight(p.fc2_weight), fc2_d.d = d_fc1_.data,
-  fc2_d.aux = a.fc1_aux.data;
-  gemm(fc2_.dgrad, fc2_d, s);  // dL/d(fc1 pre-activation) = (dY W2) * gelu'(aux)
+  fc2_d.a = d_mlp, fc2_d.b = w.weight(p.fc2_weight);
+  if (swiglu()) {
+    fc2_d.d = d_act_.data;
+    gemm(fc2_.dgrad, fc2_d, s);  // dL/d(silu(gate) * up)
+    hook();
+    swiglu_backward(ptr<bf16>(d_fc1_), ptr<bf16>(d_act_), ptr<bf16>(a.fc1_aux), M,
+                    static_cast<int>(shape_.ffn_shard()), s);
+  } else {
+    fc2_d.d = d_fc1_.data, fc2_d.aux = a.fc1_aux.data;
+    gemm(fc2_.dgrad, fc2_d, s);  // dL/d(fc1 pre-activation) = (dY W2) * gelu'(aux)
+  }
   GemmArgs fc2_w;
-  fc2_w.a = d_branch_.data, fc2_w.b = a.fc1_out.data, fc2_w.d = w.grad(p.fc2_weight);
+  fc2_w.a = d_mlp, fc2_w.b = a.fc1_out.data, fc2_w.d = w.grad(p.fc2_weight);
   gemm(fc2_.wgrad[acc], fc2_w, s);
   GemmArgs fc1_d;
   fc1_d.a = d_fc1_.data, fc1_d.b = w.weight(p.fc1_weight), fc1_d.d = d_h_.data;
   gemm(fc1_.dgrad, fc1_d, s);
   GemmArgs fc1_w;
   fc1_w.a = d_fc1_.data, fc1_w.b = a.h2.data, fc1_w.d = w.grad(p.fc1_weight);
-  fc1_w.bias_grad = acc ? scratch : w.grad(p.fc1_bias);
+  if (bias) fc1_w.bias_grad = acc ? scratch : w.grad(p.fc1_bias);
   gemm(fc1_.wgrad[acc], fc1_w, s);
-  if (acc) {
+  if (bias && acc) {
     hook();
-    accumulate(w.grad(p.fc1_bias), scratch, shape_.ffn_shard(), s);
+    accumulate(w.grad(p.fc1_bias), scratch, shape_.fc1_width(), s);
   }
-  hook();
-  layernorm_backward(G, w.grad(p.ln2_gamma), w.grad(p.ln2_beta), ptr<bf16>(d_h_),
-                     ptr<bf16>(a.x_mid), w.weight(p.ln2_gamma), ptr<float>(a.ln2_mean),
-                     ptr<float>(a.ln2_rstd), M, C, true, acc, norm_ws_.data, norm_ws_.bytes(),
-                     s);  // G is now dL/dx_mid
+  norm_backward(G, p.ln2_gamma, p.ln2_beta, ptr<bf16>(d_h_), ptr<bf16>(a.x_mid), a.ln2_mean,
+                a.ln2_rstd, true, acc, s);  // G is now dL/dx_mid
 
   // Attention.
-  hook();
-  dropout_residual_backward(ptr<bf16>(d_branch_), w.grad(p.proj_bias), G, M, C, drop,
-                            rng_of(rng_attn_dropout_, mb, layer), acc, dropout_ws_.data,
-                            dropout_ws_.bytes(), s);
+  const bf16* d_attn_branch = branch_grad(p.proj_bias, rng_attn_dropout_, mb, layer, s);
   GemmArgs proj_d;
-  proj_d.a = d_branch_.data, proj_d.b = w.weight(p.proj_weight), proj_d.d = d_attn_.data;
+  proj_d.a = d_attn_branch, proj_d.b = w.weight(p.proj_weight), proj_d.d = d_attn_.data;
   gemm(proj_.dgrad, proj_d, s);
   GemmArgs proj_w;
-  proj_w.a = d_branch_.data, proj_w.b = a.attn_o.data, proj_w.d = w.grad(p.proj_weight);
+  proj_w.a = d_attn_branch, proj_w.b = a.attn_o.data, proj_w.d = w.grad(p.proj_weight);
   gemm(proj_.wgrad[acc], proj_w, s);
   const AttentionDesc& ad = attention_->desc();
   const AttentionIO io{a.qkv.data, offset(a.qkv, ad.k_offset()), offset(a.qkv, ad.v_offset()),
@@ -404,31 +503,31 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   hook();
   attention_->backward(ctx_, s, io, dio, rng_of(rng_attention_, mb, layer), attention_ws_.data,
                        attention_ws_.bytes());
+  if (rope()) rope_apply(d_qkv_.data, true, s);  // gradients of the q and k before the rotation
   GemmArgs qkv_d;
   qkv_d.a = d_qkv_.data, qkv_d.b = w.weight(p.qkv_weight), qkv_d.d = d_h_.data;
   gemm(qkv_.dgrad, qkv_d, s);
   GemmArgs qkv_w;
   qkv_w.a = d_qkv_.data, qkv_w.b = a.h1.data, qkv_w.d = w.grad(p.qkv_weight);
-  qkv_w.bias_grad = acc ? scratch : w.grad(p.qkv_bias);
+  if (bias) qkv_w.bias_grad = acc ? scratch : w.grad(p.qkv_bias);
   gemm(qkv_.wgrad[acc], qkv_w, s);
-  if (acc) {
+  if (bias && acc) {
     hook();
     accumulate(w.grad(p.qkv_bias), scratch, shape_.qkv_width(), s);
   }
-  hook();
-  layernorm_backward(G, w.grad(p.ln1_gamma), w.grad(p.ln1_beta), ptr<bf16>(d_h_), x,
-                     w.weight(p.ln1_gamma), ptr<float>(a.ln1_mean), ptr<float>(a.ln1_rstd), M, C,
-                     true, acc, norm_ws_.data, norm_ws_.bytes(),
-                     s);  // G is now dL/dx (the layer's input)
+  norm_backward(G, p.ln1_gamma, p.ln1_beta, ptr<bf16>(d_h_), x, a.ln1_mean, a.ln1_rstd, true, acc,
+                s);  // G is now dL/dx (the layer's input)
 }
 
 void Transformer::embedding_backward(int mb, cudaStream_t s) const {
   const ParamStore& w = params_;
   hook();
-  replay::embedding_backward(w.grad(wte_), w.grad(wpe_), ptr<bf16>(grad_), tokens(mb),
+  replay::embedding_backward(w.grad(wte_), wpe_ >= 0 ? w.grad(wpe_) : nullptr, ptr<bf16>(grad_),
+                             tokens(mb),
                              EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                             shape_.vocab_start(), shape_.vocab_shard()},
                              mb > 0, embedding_ws_.data, embedding_ws_.bytes(), s);
+  if (!shape_.tied_embedding) return;
   // The tied LM head's weight gradient, added to the token rows just written: dW += dlogits^T h.
   GemmArgs wgrad;
   wgrad.a = logits_.data, wgrad.b = hf_.data, wgrad.d = w.grad(wte_);
@@ -441,43 +540,46 @@ graphs::RegionArgs Transformer::embedding_forward_args(int mb) const {
   const int64_t M = shape_.tokens();
   return graphs::RegionArgs()
       .read("tokens", TensorView(tokens(mb), DType::kINT32, {M}))
-      .read("embedding", params_.weight_range(wte_, wpe_))
+      .read("embedding", params_.weight_range(wte_, embedding_last()))
       .write("x0", x_[0]);
 }
 
 graphs::RegionArgs Transformer::layer_forward_args(int mb, int layer) const {
   const LayerActs& a = acts_.at(static_cast<size_t>(layer));
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
-  return graphs::RegionArgs()
-      .read("x", x_[static_cast<size_t>(layer)])
-      .read("params", params_.weight_range(p.first(), p.last()))
-      .write("ln1.mean", a.ln1_mean)
-      .write("ln1.rstd", a.ln1_rstd)
+  graphs::RegionArgs args;
+  args.read("x", x_[static_cast<size_t>(layer)])
+      .read("params", params_.weight_range(p.first(), p.last()));
+  if (rope()) args.read("rope.table", rope_table_);
+  if (layernorm()) args.write("ln1.mean", a.ln1_mean);
+  args.write("ln1.rstd", a.ln1_rstd)
       .write("ln1.out", a.h1)
       .write("qkv", a.qkv)
       .write("attn.out", a.attn_o)
       .write("attn.lse", a.attn_stats)
-      .write("x_mid", a.x_mid)
-      .write("ln2.mean", a.ln2_mean)
-      .write("ln2.rstd", a.ln2_rstd)
+      .write("x_mid", a.x_mid);
+  if (layernorm()) args.write("ln2.mean", a.ln2_mean);
+  args.write("ln2.rstd", a.ln2_rstd)
       .write("ln2.out", a.h2)
       .write("fc1.out", a.fc1_out)
       .write("fc1.preact", a.fc1_aux)
       .write("scratch", fwd_tmp_)
       .write("out", x_[static_cast<size_t>(layer) + 1]);
+  return args;
 }
 
 graphs::RegionArgs Transformer::head_args(int mb) const {
   const int64_t M = shape_.tokens();
   graphs::RegionArgs args;
-  args.read("x", x_.back())
-      .read("final_norm", params_.weight_range(lnf_gamma_, lnf_beta_))
-      .read("embedding.token", params_.weight_range(wte_, wte_))
-      .read("targets", TensorView(targets(mb), DType::kINT32, {M}))
-      .read("dloss", dloss_)
-      .write("norm.out", hf_)
-      .write("norm.mean", lnf_mean_)
-      .write("norm.rstd", lnf_rstd_)
+  args.read("x", x_.back()).read("final_norm", params_.weight_range(lnf_gamma_, final_norm_last()));
+  if (shape_.tied_embedding)
+    args.read("embedding.token", params_.weight_range(wte_, wte_));
+  else
+    args.read("lm_head", params_.weight_range(lm_head_w_, lm_head_w_));
+  args.read("targets", TensorView(targets(mb), DType::kINT32, {M})).read("dloss", dloss_);
+  args.write("norm.out", hf_);
+  if (layernorm()) args.write("norm.mean", lnf_mean_);
+  args.write("norm.rstd", lnf_rstd_)
       .write("logits", logits_)
       .write("ce.stats", ce_stats_)
       .write("ce.row_loss", row_loss_)
@@ -486,9 +588,15 @@ graphs::RegionArgs Transformer::head_args(int mb) const {
       .write("residual_grad", grad_)
       .write("loss", TensorView(loss_of(mb), DType::kFP32, {1}));
   if (mb == 0)
-    args.write("final_norm.grad", params_.grad_range(lnf_gamma_, lnf_beta_));
+    args.write("final_norm.grad", params_.grad_range(lnf_gamma_, final_norm_last()));
   else
-    args.read_write("final_norm.grad", params_.grad_range(lnf_gamma_, lnf_beta_));
+    args.read_write("final_norm.grad", params_.grad_range(lnf_gamma_, final_norm_last()));
+  if (!shape_.tied_embedding) {
+    if (mb == 0)
+      args.write("lm_head.grad", params_.grad_range(lm_head_w_, lm_head_w_));
+    else
+      args.read_write("lm_head.grad", params_.grad_range(lm_head_w_, lm_head_w_));
+  }
   if (microbatches_ > 1 && mb == microbatches_ - 1)
     args.write("step_loss", TensorView(step_loss_, DType::kFP32, {1}));
   return args;
@@ -499,30 +607,30 @@ graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
   graphs::RegionArgs args;
   args.read("x", x_[static_cast<size_t>(layer)])
-      .read("params", params_.weight_range(p.first(), p.last()))
-      .read("ln1.mean", a.ln1_mean)
-      .read("ln1.rstd", a.ln1_rstd)
+      .read("params", params_.weight_range(p.first(), p.last()));
+  if (rope()) args.read("rope.table", rope_table_);
+  if (layernorm()) args.read("ln1.mean", a.ln1_mean);
+  args.read("ln1.rstd", a.ln1_rstd)
       .read("ln1.out", a.h1)
       .read("qkv", a.qkv)
       .read("attn.out", a.attn_o)
       .read("attn.lse", a.attn_stats)
-      .read("x_mid", a.x_mid)
-      .read("ln2.mean", a.ln2_mean)
-      .read("ln2.rstd", a.ln2_rstd)
+      .read("x_mid", a.x_mid);
+  if (layernorm()) args.read("ln2.mean", a.ln2_mean);
+  args.read("ln2.rstd", a.ln2_rstd)
       .read("ln2.out", a.h2)
       .read("fc1.out", a.fc1_out)
       .read("fc1.preact", a.fc1_aux)
-      .read_write("residual_grad", grad_)
-      .write("branch_grad", d_branch_)
-      .write("norm_out_grad", d_h_)
-      .write("fc1_grad", d_fc1_)
-      .write("attn_out_grad", d_attn_)
-      .write("qkv_grad", d_qkv_);
+      .read_write("residual_grad", grad_);
+  if (!branch_grad_is_residual()) args.write("branch_grad", d_branch_);
+  args.write("norm_out_grad", d_h_).write("fc1_grad", d_fc1_);
+  if (swiglu()) args.write("swiglu_out_grad", d_act_);
+  args.write("attn_out_grad", d_attn_).write("qkv_grad", d_qkv_);
   if (mb == 0) {
     args.write("grads", params_.grad_range(p.first(), p.last()));
   } else {
     args.read_write("grads", params_.grad_range(p.first(), p.last()));
-    args.write("bias_scratch", bias_scratch_);
+    if (shape_.bias) args.write("bias_scratch", bias_scratch_);
   }
   return args;
 }
@@ -530,14 +638,12 @@ graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {
 graphs::RegionArgs Transformer::embedding_backward_args(int mb) const {
   const int64_t M = shape_.tokens();
   graphs::RegionArgs args;
-  args.read("tokens", TensorView(tokens(mb), DType::kINT32, {M}))
-      .read("residual_grad", grad_)
-      .read("dlogits", logits_)
-      .read("norm.out", hf_);
+  args.read("tokens", TensorView(tokens(mb), DType::kINT32, {M})).read("residual_grad", grad_);
+  if (shape_.tied_embedding) args.read("dlogits", logits_).read("norm.out", hf_);
   if (mb == 0)
-    args.write("embedding.grad", params_.grad_range(wte_, wpe_));
+    args.write("embedding.grad", params_.grad_range(wte_, embedding_last()));
   else
-    args.read_write("embedding.grad", params_.grad_range(wte_, wpe_));
+    args.read_write("embedding.grad", params_.grad_range(wte_, embedding_last()));
   return args;
 }
 

@@ -1,8 +1,12 @@
-// model.h: Transformer, one GPU's shard of a GPT-3 style decoder: token + learned position
-// embedding (vocab-parallel), pre-LayerNorm blocks of causal self-attention (QKV GEMM with bias,
-// cuDNN attention on the fused QKV layout, output GEMM, bias-dropout-residual) and a GeLU MLP
-// (GEMM epilogues), a final LayerNorm, and the tied LM head with the vocab-parallel fused
-// cross-entropy; forward and backward of all of it, every buffer planned in the run's arena.
+// model.h: Transformer, one GPU's shard of a decoder-only transformer. By default
+// (TransformerShape's defaults) a GPT-3 style decoder: token + learned position embedding
+// (vocab-parallel), pre-LayerNorm blocks of causal self-attention (QKV GEMM with bias, cuDNN
+// attention on the fused QKV layout, output GEMM, bias-dropout-residual) and a GeLU MLP (GEMM
+// epilogues), a final LayerNorm, and the tied LM head with the vocab-parallel fused cross-entropy.
+// The shape's options turn it into a Llama: RMSNorm, rotary embeddings applied in place to the q
+// and k heads of the fused QKV output (no position table), grouped-query attention (fewer k/v heads
+// in the fused row), a SwiGLU MLP whose gate and up projections are one GEMM, no biases, and an
+// untied LM head. Forward and backward of all of it, every buffer planned in the run's arena.
 //
 // One micro-batch runs in phases (the arena lifetimes below): embedding forward, layer 0..L-1
 // forward, head (final norm, logits, loss and their backward), layer L-1..0 backward, embedding
@@ -10,21 +14,27 @@
 // forward to its backward; the forward scratch, the backward scratch and the workspaces are shared
 // by all layers, and buffers of disjoint phases share memory.
 //
-// Per layer, M = micro_batch * seq tokens, C = hidden, A = attention width per GPU, F = MLP width:
-//   h1 = LN1(x)                                  mean1, rstd1, h1 saved
-//   qkv = h1 Wqkv^T + bqkv          [M, 3A]      GEMM, bias epilogue; saved
-//   o, lse = attention(qkv)         [M, A]       cuDNN, causal, fused QKV, dropout from RngArgs;
-//   saved x_mid = x + dropout(o Wproj^T + bproj)       GEMM, then the fused bias-dropout-residual;
-//   saved h2 = LN2(x_mid)                              saved a = gelu(h2 W1^T + b1), aux =
-//   pre-activation GEMM, bias+GeLU+aux epilogue; both saved x_out = x_mid + dropout(a W2^T + b2)
-//   GEMM, bias-dropout-residual
+// Per layer, M = micro_batch * seq tokens, C = hidden, A = attention width per GPU, W = fused QKV
+// width (A + 2 x kv heads x head dim), F = MLP width, F1 = fc1 width (F, or 2F with SwiGLU):
+//   h1 = norm1(x)                                 mean1 (LayerNorm), rstd1, h1 saved
+//   qkv = h1 Wqkv^T (+ bqkv)        [M, W]        GEMM (bias epilogue); RoPE rotates its q and k
+//                                                 heads in place; saved
+//   o, lse = attention(qkv)         [M, A]        cuDNN, causal, fused QKV (GQA), dropout; saved
+//   x_mid = x + dropout(o Wproj^T (+ bproj))      GEMM, then the fused bias-dropout-residual; saved
+//   h2 = norm2(x_mid)                             saved
+//   GeLU:   a = gelu(h2 W1^T + b1), aux = the pre-activation     GEMM epilogue; both saved
+//   SwiGLU: aux = h2 W1^T [M, 2F], a = silu(gate) * up [M, F]    GEMM, then swiglu; both saved
+//   x_out = x_mid + dropout(a W2^T (+ b2))        GEMM, bias-dropout-residual
 // Backward: the residual gradient G (bf16) flows through every layer in place: each norm's
 // backward adds its dx into G (accumulate_dx). Weight gradients are fp32, written by the first
-// micro-batch (beta 0) and accumulated by the others (beta 1). fc2's dgrad applies gelu'(aux)
-// (DGeLU epilogue); the QKV and fc1 bias gradients come from their wgrad GEMMs (BGRADA epilogue,
-// fp32), the output-projection and fc2 bias gradients from the dropout backward.
+// micro-batch (beta 0) and accumulated by the others (beta 1). GeLU: fc2's dgrad applies gelu'(aux)
+// (DGeLU epilogue); SwiGLU: fc2's dgrad, then swiglu_backward. The QKV and fc1 bias gradients come
+// from their wgrad GEMMs (BGRADA epilogue, fp32), the output-projection and fc2 bias gradients from
+// the dropout backward; without biases and dropout the branch gradient is G itself. RoPE's
+// backward rotates the q and k gradients of dQKV back before the QKV GEMM's backward.
 // The tied embedding: the embedding backward writes the token rows of dW_emb (and dW_pos), then the
-// LM head's wgrad adds dlogits^T h_final into it (beta 1), so no buffer is zeroed in the step.
+// LM head's wgrad adds dlogits^T h_final into it (beta 1), so no buffer is zeroed in the step. An
+// untied LM head takes its own wgrad in the head phase.
 //
 // With tensor parallelism the output projection, fc2 and the embedding are partial sums that an
 // all-reduce would complete, and the cross-entropy statistics would be all-gathered; run as one
@@ -52,11 +62,14 @@
 namespace replay::transformer {
 
 // The parameters of one block, in the order they sit in the ParamStore (contiguous per layer).
+// Those the shape leaves out (norm shifts with RMSNorm, biases) are -1.
 struct LayerParams {
-  ParamId ln1_gamma, ln1_beta, qkv_weight, qkv_bias, proj_weight, proj_bias;
-  ParamId ln2_gamma, ln2_beta, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  ParamId ln1_gamma = -1, ln1_beta = -1, qkv_weight = -1, qkv_bias = -1, proj_weight = -1,
+          proj_bias = -1;
+  ParamId ln2_gamma = -1, ln2_beta = -1, fc1_weight = -1, fc1_bias = -1, fc2_weight = -1,
+          fc2_bias = -1;
   ParamId first() const { return ln1_gamma; }
-  ParamId last() const { return fc2_bias; }
+  ParamId last() const { return fc2_bias >= 0 ? fc2_bias : fc2_weight; }
 };
 
 class Transformer {
@@ -76,7 +89,8 @@ class Transformer {
     return layers_.at(static_cast<size_t>(layer));
   }
   ParamId token_embedding() const { return wte_; }
-  ParamId position_embedding() const { return wpe_; }
+  ParamId position_embedding() const { return wpe_; }  // -1 without learned positions
+  ParamId lm_head() const { return lm_head_w_; }       // -1 when tied to the token embedding
 
   // Step phases (arena lifetimes), in execution order within a micro-batch.
   int phase_embedding_forward() const { return 1; }
@@ -147,13 +161,31 @@ class Transformer {
   }
   RngArgs rng_of(const std::vector<RngArgs>& ops, int mb, int layer) const;
   float* loss_of(int mb) const;
+  bool layernorm() const { return shape_.norm == NormKind::kLayerNorm; }
+  bool swiglu() const { return shape_.mlp == MlpKind::kSwiGLU; }
+  bool rope() const { return shape_.position == PositionKind::kRope; }
+  // Without biases and dropout a branch's gradient is the residual gradient itself.
+  bool branch_grad_is_residual() const { return !shape_.bias && shape_.dropout == 0.0f; }
+  ParamId embedding_last() const { return wpe_ >= 0 ? wpe_ : wte_; }
+  ParamId final_norm_last() const { return lnf_beta_ >= 0 ? lnf_beta_ : lnf_gamma_; }
+  const __nv_bfloat16* head_weight() const;
+  // The norms the shape selects; mean is unused by RMSNorm, beta and dbeta are -1 there.
+  void norm_forward(__nv_bfloat16* out, const TensorView& mean, const TensorView& rstd,
+                    const __nv_bfloat16* x, ParamId gamma, ParamId beta, cudaStream_t s) const;
+  void norm_backward(__nv_bfloat16* dx, ParamId gamma, ParamId beta, const __nv_bfloat16* dout,
+                     const __nv_bfloat16* x, const TensorView& mean, const TensorView& rstd,
+                     bool accumulate_dx, bool accumulate, cudaStream_t s) const;
+  // The branch gradient before a residual add: dropout's backward (with the bias gradient), or G.
+  const __nv_bfloat16* branch_grad(ParamId bias, const std::vector<RngArgs>& rng, int mb, int layer,
+                                   cudaStream_t s) const;
+  void rope_apply(void* qkv, bool backward, cudaStream_t s) const;
 
   const Context& ctx_;
   TransformerShape shape_;
   int microbatches_;
   const bench::HostDelay* delay_;
   ParamStore params_;
-  ParamId wte_ = -1, wpe_ = -1, lnf_gamma_ = -1, lnf_beta_ = -1;
+  ParamId wte_ = -1, wpe_ = -1, lnf_gamma_ = -1, lnf_beta_ = -1, lm_head_w_ = -1;
   std::vector<LayerParams> layers_;
 
   Linear qkv_, proj_, fc1_, fc2_, lm_head_;
@@ -166,7 +198,7 @@ class Transformer {
 
   std::vector<Planned> planned_;
   // Inputs and constants.
-  TensorView tokens_, targets_, dloss_, mb_loss_;
+  TensorView tokens_, targets_, dloss_, mb_loss_, rope_table_;
   // Forward.
   std::vector<TensorView> x_;  // residual stream: x_[0] embedding output, x_[i + 1] layer i output
   std::vector<LayerActs> acts_;
@@ -174,7 +206,7 @@ class Transformer {
   // Head.
   TensorView hf_, lnf_mean_, lnf_rstd_, logits_, ce_stats_, row_loss_, count_, d_hf_;
   // Backward.
-  TensorView grad_, d_branch_, d_h_, d_fc1_, d_attn_, d_qkv_, bias_scratch_;
+  TensorView grad_, d_branch_, d_h_, d_fc1_, d_act_, d_attn_, d_qkv_, bias_scratch_;
   // Workspaces.
   TensorView gemm_ws_, attention_ws_, norm_ws_, dropout_ws_, embedding_ws_;
 };

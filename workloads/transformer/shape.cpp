@@ -18,6 +18,9 @@ void TransformerShape::validate() const {
   require(heads >= 1 && heads % tp == 0, "heads (" + std::to_string(heads) +
                                              ") must be a multiple of tp (" + std::to_string(tp) +
                                              ")");
+  require(kv_heads() >= 1 && heads % kv_heads() == 0 && kv_heads() % tp == 0,
+          "heads_kv (" + std::to_string(kv_heads()) + ") must divide heads (" +
+              std::to_string(heads) + ") and be a multiple of tp (" + std::to_string(tp) + ")");
   require(head_dim >= 8 && head_dim % 8 == 0,
           "head_dim must be a positive multiple of 8, got " + std::to_string(head_dim));
   require(ffn >= 8 && ffn % (8 * tp) == 0,
@@ -26,6 +29,10 @@ void TransformerShape::validate() const {
   require(tokens() < (int64_t{1} << 31) / 4,
           "micro_batch x seq is too large for the kernels' int32 rows");
   require(vocab >= 2, "vocab must be at least 2");
+  require(vocab_multiple >= 8 && vocab_multiple % 8 == 0,
+          "vocab_multiple must be a positive multiple of 8, got " + std::to_string(vocab_multiple));
+  require(position != PositionKind::kRope || (head_dim % 16 == 0 && rope_theta > 0.0),
+          "rotary embeddings need head_dim a multiple of 16 and a positive base");
   require(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1)");
   require(norm_eps > 0.0f, "norm_eps must be positive");
 }
@@ -37,7 +44,22 @@ std::string TransformerShape::describe() const {
          std::to_string(ffn_shard()) + " per GPU), seq " + std::to_string(seq) + ", micro-batch " +
          std::to_string(micro_batch) + ", vocab " + std::to_string(vocab) + " padded to " +
          std::to_string(padded_vocab()) + " (" + std::to_string(vocab_shard()) + " per GPU), tp " +
-         std::to_string(tp);
+         std::to_string(tp) + options();
+}
+
+std::string TransformerShape::options() const {
+  std::string s;
+  if (kv_heads() != heads)
+    s += ", kv heads " + std::to_string(kv_heads()) + " (" + std::to_string(kv_heads_shard()) +
+         " per GPU)";
+  if (norm == NormKind::kRMSNorm) s += ", RMSNorm";
+  if (position == PositionKind::kRope)
+    s += ", RoPE base " + std::to_string(static_cast<int64_t>(rope_theta)) +
+         (rope_llama31_scaling ? " with Llama 3.1 scaling" : "");
+  if (mlp == MlpKind::kSwiGLU) s += ", SwiGLU";
+  if (!bias) s += ", no biases";
+  if (!tied_embedding) s += ", untied LM head";
+  return s;
 }
 
 }  // namespace replay::transformer

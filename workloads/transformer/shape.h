@@ -1,6 +1,8 @@
 // shape.h: the shape of one GPU's shard of a decoder-only transformer: the full model's dimensions,
-// the tensor-parallel degree, and everything derived from them (heads, MLP width and vocabulary
-// slice per GPU, padded vocabulary, tokens per micro-batch).
+// the tensor-parallel degree, the architecture's options (GPT-3: LayerNorm, learned positions,
+// GeLU, biases, tied embeddings; Llama: RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases,
+// an untied LM head), and everything derived from them (heads, MLP width and vocabulary slice per
+// GPU, padded vocabulary, tokens per micro-batch).
 #pragma once
 
 #include <cstdint>
@@ -8,10 +10,21 @@
 
 namespace replay::transformer {
 
+enum class NormKind : uint8_t { kLayerNorm, kRMSNorm };
+enum class MlpKind : uint8_t {
+  kGelu,    // fc1 -> GeLU -> fc2
+  kSwiGLU,  // fc1 computes gate and up in one GEMM ([M, 2F]) -> silu(gate) * up -> fc2
+};
+enum class PositionKind : uint8_t {
+  kLearned,  // a [seq, C] position table added to the token embedding
+  kRope,     // rotary embedding of q and k inside the fused QKV output
+};
+
 struct TransformerShape {
-  int64_t layers = 0;  // layers this shard runs
-  int64_t hidden = 0;  // model width d
-  int64_t heads = 0;   // attention heads of the full model
+  int64_t layers = 0;    // layers this shard runs
+  int64_t hidden = 0;    // model width d
+  int64_t heads = 0;     // attention (query) heads of the full model
+  int64_t heads_kv = 0;  // key/value heads of the full model; 0: heads (MHA), fewer: GQA
   int64_t head_dim = 0;
   int64_t ffn = 0;          // MLP width of the full model
   int64_t seq = 0;          // sequence length
@@ -20,24 +33,45 @@ struct TransformerShape {
   int tp = 1;               // tensor-parallel degree; this process computes rank 0's shard
   float dropout = 0.0f;     // hidden (after attention and MLP) and attention-probability dropout
   float norm_eps = 1e-5f;
+  int64_t vocab_multiple = 128;  // the padded vocabulary is a multiple of this x TP
 
-  // Megatron pads the vocabulary to a multiple of 128 x TP so that every shard is a multiple of
-  // 128.
-  int64_t padded_vocab() const { return (vocab + 128 * tp - 1) / (128 * tp) * (128 * tp); }
+  // Architecture options; the defaults are GPT-3's.
+  NormKind norm = NormKind::kLayerNorm;
+  MlpKind mlp = MlpKind::kGelu;
+  PositionKind position = PositionKind::kLearned;
+  bool bias = true;                   // biases on QKV, output projection, fc1 and fc2
+  bool tied_embedding = true;         // the LM head reuses the token embedding
+  double rope_theta = 10000.0;        // kRope: the base
+  bool rope_llama31_scaling = false;  // kRope: Llama 3.1 frequency scaling (rope.h RopeScaling)
+
+  // Megatron pads the vocabulary to a multiple of vocab_multiple x TP (128 by default) so that
+  // every shard is a multiple of vocab_multiple.
+  int64_t padded_vocab() const {
+    const int64_t m = vocab_multiple * tp;
+    return (vocab + m - 1) / m * m;
+  }
   int64_t vocab_shard() const { return padded_vocab() / tp; }
   int64_t vocab_start() const { return 0; }  // rank 0's slice
   int64_t heads_shard() const { return heads / tp; }
   int64_t attn_width() const { return heads_shard() * head_dim; }  // q (or k, or v) width per shard
-  int64_t qkv_width() const { return 3 * attn_width(); }
+  int64_t kv_heads() const { return heads_kv > 0 ? heads_kv : heads; }
+  int64_t kv_heads_shard() const { return kv_heads() / tp; }
+  // The fused QKV row per shard: the q heads, then the k heads, then the v heads.
+  int64_t qkv_width() const { return (heads_shard() + 2 * kv_heads_shard()) * head_dim; }
   int64_t ffn_shard() const { return ffn / tp; }
+  // fc1's output width per shard: F, or 2F with SwiGLU's fused gate and up.
+  int64_t fc1_width() const { return mlp == MlpKind::kSwiGLU ? 2 * ffn_shard() : ffn_shard(); }
   int64_t tokens() const { return micro_batch * seq; }  // rows of every activation
 
   // Throws Error naming the field when the shape cannot run (divisibility by TP, the kernels'
   // multiple-of-8 widths, norm width limit, positive sizes).
   void validate() const;
   // "layers 2, hidden 128, heads 2x64 (2 per GPU), ffn 512 (512 per GPU), seq 128, vocab 512 (512
-  // per GPU), tp 1"
+  // per GPU), tp 1", with the key/value heads and the non-GPT options when set.
   std::string describe() const;
+
+ private:
+  std::string options() const;  // ", kv heads 8 (1 per GPU), RMSNorm, ..." or empty (GPT-3)
 };
 
 }  // namespace replay::transformer

@@ -1,0 +1,53 @@
+// C6: inside a capture, waiting on an event recorded before the capture began (e.g. "the loader's
+// copy is done"). The graph cannot depend on work outside it: 905 (isolation), then the capture is
+// invalidated (901).
+#include "common.h"
+
+__global__ void scale(float* x, float factor) {
+  *x *= factor;
+}
+
+int main(int argc, char** argv) {
+  const ex::Args args = ex::parse_args(argc, argv, "C6");
+  ex::require_gpu();
+  cudaStream_t stream, loader;
+  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  EX_CHECK(cudaStreamCreateWithFlags(&loader, cudaStreamNonBlocking));
+  cudaEvent_t batch_ready;
+  EX_CHECK(cudaEventCreateWithFlags(&batch_ready, cudaEventDisableTiming));
+  float* x;
+  EX_CHECK(cudaMalloc(&x, sizeof(float)));
+  const float batch = 3.0f;
+  EX_CHECK(cudaMemcpyAsync(x, &batch, sizeof(float), cudaMemcpyHostToDevice, loader));
+  EX_CHECK(cudaEventRecord(batch_ready, loader));  // recorded before any capture
+
+  cudaGraph_t graph = nullptr;
+  if (args.broken()) {
+    EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const cudaError_t wait = EX_TRY(cudaStreamWaitEvent(stream, batch_ready, 0));
+    scale<<<1, 1, 0, stream>>>(x, 2.0f);
+    const cudaError_t end = EX_TRY(cudaStreamEndCapture(stream, &graph));
+    const bool ok =
+        (wait == cudaErrorStreamCaptureIsolation || wait == cudaErrorStreamCaptureInvalidated) &&
+        end == cudaErrorStreamCaptureInvalidated;
+    return ex::report("C6", args, ok,
+                      "cudaStreamWaitEvent on a pre-capture event -> %s, "
+                      "cudaStreamEndCapture -> %s",
+                      ex::name(wait).c_str(), ex::name(end).c_str());
+  }
+  // Fixed: wait before capture begins; each replay is ordered after it by the stream.
+  EX_CHECK(cudaStreamWaitEvent(stream, batch_ready, 0));
+  EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  scale<<<1, 1, 0, stream>>>(x, 2.0f);
+  EX_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  EX_CHECK(cudaGraphLaunch(exec, stream));
+  float result = 0;
+  EX_CHECK(cudaMemcpyAsync(&result, x, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  EX_CHECK(cudaStreamSynchronize(stream));
+  EX_CHECK(cudaGraphExecDestroy(exec));
+  EX_CHECK(cudaGraphDestroy(graph));
+  return ex::report("C6", args, result == 6.0f,
+                    "waited before capture, replay gave %.0f (expected 6)", result);
+}

@@ -1,0 +1,51 @@
+// N8: the host buffer that a captured host-to-device copy reads is freed while the graph lives on.
+// The memcpy node keeps the raw host address; the next replay reads freed memory and the process
+// crashes (or copies garbage). The broken run happens in a child process so the crash can be
+// reported.
+#include "common.h"
+
+// The child: capture a copy from a pinned buffer, (broken) free the buffer, replay, check the
+// value.
+static int child(const ex::Args& args) {
+  cudaStream_t stream;
+  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float* host;
+  float* device;
+  EX_CHECK(cudaMallocHost(&host, 1 << 20));
+  EX_CHECK(cudaMalloc(&device, 1 << 20));
+  host[0] = 42.0f;
+  cudaGraph_t graph;
+  EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  EX_CHECK(cudaMemcpyAsync(device, host, 1 << 20, cudaMemcpyHostToDevice, stream));
+  EX_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // Broken: "the batch is consumed, release it" while the graph still holds its address.
+  if (args.broken()) EX_CHECK(cudaFreeHost(host));
+  EX_CHECK(cudaGraphLaunch(exec, stream));
+  EX_CHECK(cudaStreamSynchronize(stream));
+  float got = 0;
+  EX_CHECK(cudaMemcpy(&got, device, sizeof(float), cudaMemcpyDeviceToHost));
+  EX_CHECK(cudaGraphExecDestroy(exec));
+  EX_CHECK(cudaGraphDestroy(graph));
+  // Fixed: the host buffer lives as long as the graph and is freed after it.
+  if (!args.broken()) EX_CHECK(cudaFreeHost(host));
+  std::fprintf(stderr, "N8 child: replay copied %.1f\n", got);
+  return got == 42.0f ? 0 : 3;  // 3: the replay ran but copied the wrong value
+}
+
+int main(int argc, char** argv) {
+  const ex::Args args = ex::parse_args(argc, argv, "N8");
+  if (args.child) return child(args);
+  ex::require_gpu();
+  const ex::ChildResult run = ex::run_child(args, 60.0);
+  if (args.broken()) {
+    // Documented: a crash (segfault); a CUDA error, a wrong value or a hang also show the fault.
+    const bool ok = run.timed_out || run.signal != 0 || run.exit_code != 0;
+    return ex::report("N8", args, ok, "replay after cudaFreeHost of the copy's source: child %s",
+                      run.describe().c_str());
+  }
+  return ex::report("N8", args, !run.timed_out && run.signal == 0 && run.exit_code == 0,
+                    "host buffer kept alive for the graph: child %s, value correct",
+                    run.describe().c_str());
+}

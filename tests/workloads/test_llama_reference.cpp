@@ -1,0 +1,130 @@
+// The fp64 CPU reference of the Llama shard (the model the GPU test compares against): its
+// gradients agree with central finite differences of its loss for a sample of every parameter
+// tensor (two layers, GQA with 4 query heads on 2 KV heads, RoPE with the Llama 3.1 scaling, random
+// weights large enough to make every nonlinearity count), and grouped-query attention is what it
+// must be: the same function as multi-head attention with each KV head repeated for its group,
+// with each shared k and v weight row's gradient the sum over the query heads it serves.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/workloads/llama_reference.h"
+
+namespace replay::test {
+namespace {
+
+LlamaDims tiny_dims() {
+  LlamaDims d;
+  d.batch = 2;
+  d.seq = 4;
+  d.hidden = 16;
+  d.heads = 4;
+  d.heads_kv = 2;
+  d.head_dim = 16;
+  d.ffn = 16;
+  d.vocab = 16;
+  d.layers = 2;
+  d.rope_theta = 100.0;  // frequencies that turn visibly over 4 positions
+  return d;
+}
+
+std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = pick(rng);
+  return t;
+}
+
+TEST(LlamaReference, GradientsMatchFiniteDifferences) {
+  const LlamaDims d = tiny_dims();
+  LlamaParams p = random_params(d, 7, 0.3);
+  const auto tokens =
+      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 11);
+  const auto targets =
+      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 12);
+  LlamaParams g;
+  std::vector<double> dx0;
+  const double loss = llama_backward(d, p, tokens.data(), targets.data(), &g, &dx0);
+  ASSERT_TRUE(std::isfinite(loss));
+  EXPECT_DOUBLE_EQ(loss, llama_loss(d, p, tokens.data(), targets.data()));
+  ASSERT_EQ(dx0.size(), static_cast<size_t>(d.tokens() * d.hidden));
+
+  const double h = 1e-5;
+  std::mt19937_64 rng(99);
+  int checked = 0;
+  for (int i = 0; i < LlamaParams::count(d); ++i) {
+    std::vector<double>& t = p.t[static_cast<size_t>(i)];
+    const size_t n = t.size();
+    std::vector<size_t> picks = {0, n / 2, n - 1, rng() % n, rng() % n};
+    double largest = 0;
+    for (size_t idx : picks) {
+      const double saved = t[idx];
+      t[idx] = saved + h;
+      const double up = llama_loss(d, p, tokens.data(), targets.data());
+      t[idx] = saved - h;
+      const double down = llama_loss(d, p, tokens.data(), targets.data());
+      t[idx] = saved;
+      const double fd = (up - down) / (2 * h);
+      const double an = g.t[static_cast<size_t>(i)][idx];
+      EXPECT_NEAR(an, fd, 1e-7 + 1e-5 * std::fabs(fd))
+          << LlamaParams::name(d, i) << "[" << idx << "]";
+      largest = std::max(largest, std::fabs(an));
+      ++checked;
+    }
+    EXPECT_GT(largest, 1e-8) << LlamaParams::name(d, i) << ": a sample of all-zero gradients";
+  }
+  EXPECT_EQ(checked, 5 * LlamaParams::count(d));
+}
+
+TEST(LlamaReference, GqaKeyValueGradientsGatherBothQueryHeadsOfTheirGroup) {
+  // The k and v rows of the fused QKV weight each serve two query heads: their gradient is the sum
+  // over both. Compare with a model where each query head has its own copy of the KV head.
+  LlamaDims gqa = tiny_dims();
+  gqa.layers = 1;
+  LlamaDims mha = gqa;
+  mha.heads_kv = mha.heads;
+  const LlamaParams pg = random_params(gqa, 31, 0.3);
+  // The MHA model: every tensor as in the GQA one, except the QKV weight whose k and v parts repeat
+  // each KV head for its group of query heads (query head h reads KV head h / 2).
+  LlamaParams pm = random_params(mha, 31, 0.3);
+  for (int i = 0; i < LlamaParams::count(gqa); ++i)
+    if (i != LlamaParams::layer(0, kLlamaQkvW))
+      pm.t[static_cast<size_t>(i)] = pg.t[static_cast<size_t>(i)];
+  const int64_t C = gqa.hidden, D = gqa.head_dim, A = gqa.attn(), K = gqa.kv();
+  const std::vector<double>& wg = pg.t[static_cast<size_t>(LlamaParams::layer(0, kLlamaQkvW))];
+  std::vector<double>& wm = pm.t[static_cast<size_t>(LlamaParams::layer(0, kLlamaQkvW))];
+  auto copy_rows = [&](int64_t dst_row, int64_t src_row) {
+    for (int64_t c = 0; c < C; ++c) wm[dst_row * C + c] = wg[src_row * C + c];
+  };
+  for (int64_t r = 0; r < A; ++r) copy_rows(r, r);
+  for (int64_t h = 0; h < mha.heads; ++h)
+    for (int64_t j = 0; j < D; ++j) {
+      const int64_t kv = h / (gqa.heads / gqa.heads_kv);
+      copy_rows(A + h * D + j, A + kv * D + j);          // k
+      copy_rows(2 * A + h * D + j, A + K + kv * D + j);  // v
+    }
+  const auto tokens = random_tokens(static_cast<size_t>(gqa.tokens()), 16, 32);
+  const auto targets = random_tokens(static_cast<size_t>(gqa.tokens()), 16, 33);
+  LlamaParams gg, gm;
+  const double lg = llama_backward(gqa, pg, tokens.data(), targets.data(), &gg, nullptr);
+  const double lm = llama_backward(mha, pm, tokens.data(), targets.data(), &gm, nullptr);
+  EXPECT_NEAR(lg, lm, 1e-12) << "the repeated-KV model is the same function";
+  const std::vector<double>& dg = gg.t[static_cast<size_t>(LlamaParams::layer(0, kLlamaQkvW))];
+  const std::vector<double>& dm = gm.t[static_cast<size_t>(LlamaParams::layer(0, kLlamaQkvW))];
+  for (int64_t kv = 0; kv < gqa.heads_kv; ++kv)
+    for (int64_t j = 0; j < D; ++j)
+      for (int64_t c = 0; c < C; c += 5) {
+        const int64_t h0 = 2 * kv, h1 = 2 * kv + 1;
+        const double k_sum = dm[(A + h0 * D + j) * C + c] + dm[(A + h1 * D + j) * C + c];
+        const double v_sum = dm[(2 * A + h0 * D + j) * C + c] + dm[(2 * A + h1 * D + j) * C + c];
+        EXPECT_NEAR(dg[(A + kv * D + j) * C + c], k_sum, 1e-12);
+        EXPECT_NEAR(dg[(A + K + kv * D + j) * C + c], v_sum, 1e-12);
+      }
+}
+
+}  // namespace
+}  // namespace replay::test
