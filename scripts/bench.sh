@@ -106,10 +106,8 @@ fi
 
 # Workloads: each in all three graph modes on its MLPerf shard preset, PyTorch's eager and graphed step
 # on the same shapes and layer count, and a host-delay sweep on the tiny preset (where launches matter).
-steps=50
-[ "$quick" = 1 ] && steps=10
-run_workload() {  # run_workload NAME PRESET: replay's three modes, then PyTorch's two
-  local wl=$1 preset=$2 mode layers
+run_workload() {  # run_workload NAME PRESET STEPS: replay's three modes, then PyTorch's two
+  local wl=$1 preset=$2 steps=$3 mode layers
   [ -x "$bin/replay-$wl" ] || { echo "bench.sh: $bin/replay-$wl not built: skipped"; return 0; }
   for mode in none layer full; do
     run "replay_${wl}_${preset}_$mode" "$bin/replay-$wl" --preset "$preset" --graphs "$mode" --steps "$steps" \
@@ -128,7 +126,18 @@ run_workload() {  # run_workload NAME PRESET: replay's three modes, then PyTorch
     done
   fi
 }
-run_workload gpt3 175b-tp4
+run_workload gpt3 175b-tp4 "$([ "$quick" = 1 ] && echo 10 || echo 50)"
+run_workload llama31 405b-tp8 "$([ "$quick" = 1 ] && echo 5 || echo 20)"
+# Llama 3.1 with 4 micro-batches per step, as NVIDIA's GB200 submissions graph it: per-layer graphs
+# against one full-iteration graph holding every micro-batch's forward and backward.
+if [ -x "$bin/replay-llama31" ]; then
+  mkdir -p "$out/llama31_mb4"
+  for mode in layer full; do
+    run "llama31_mb4/replay_llama31_405b-tp8_$mode" "$bin/replay-llama31" --preset 405b-tp8 --microbatches 4 \
+      --graphs "$mode" --steps "$([ "$quick" = 1 ] && echo 3 || echo 10)" --seed 1234 \
+      --json "$out/llama31_mb4/replay_llama31_405b-tp8_$mode.json"
+  done
+fi
 if [ -x "$bin/replay-gpt3" ]; then
   for delay in 0 5 20 50; do
     for mode in none full; do
@@ -156,6 +165,12 @@ if [ -f "$out/graphs_bench.json" ]; then
 fi
 if ls "$out"/replay_*_*_*.json >/dev/null 2>&1; then
   python3 scripts/report.py workloads --dir "$out" --out "$out" && cat "$out/workloads_summary.md" >>"$out/summary.md"
+fi
+if ls "$out"/llama31_mb4/replay_*.json >/dev/null 2>&1; then
+  python3 scripts/report.py workloads --dir "$out/llama31_mb4" --out "$out/llama31_mb4" && {
+    printf '\n# Llama 3.1 405B TP8 with 4 micro-batches per step: per-layer against full-iteration graphs\n\n'
+    cat "$out/llama31_mb4/workloads_summary.md"
+  } >>"$out/summary.md"
 fi
 echo "bench.sh: wrote $out/summary.md"
 if [ ${#failures[@]} -gt 0 ]; then

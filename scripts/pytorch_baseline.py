@@ -5,11 +5,13 @@ FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two sid
     python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--only REGEX]
     python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
         [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--data tokens.h5]
+    python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
+        [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--microbatches 1] [--data tokens.h5]
 
-Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` trains the
-GPT-3 175B shard that replay-gpt3 trains (one GPU's slice of the tensor-parallel layout, collectives not
-run), eagerly or as one torch.cuda.graph over the whole step, and reports step time, throughput, MFU,
-peak memory and the losses.
+Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` and `llama31`
+train the GPT-3 175B and Llama 3.1 405B shards that replay-gpt3 and replay-llama31 train (one GPU's slice
+of the tensor-parallel layout, collectives not run), eagerly or as one torch.cuda.graph over the whole
+step, and report step time, throughput, MFU, peak memory and the losses.
 
 torch is imported inside the functions that need it, so the tables and formulas here can be imported and
 tested on a machine without torch.
@@ -193,7 +195,8 @@ VOCAB_PAD_MULTIPLE = 128
 STATE_BYTES_PER_PARAM = 18
 # What the training state may take of an 80 GB H100 (80 GiB): three quarters; the rest is left for
 # activations, logits, library workspaces and the allocator's slack. 175b-tp4 -> 7 layers (SCHEMA.md's
-# example), 175b-tp8 -> 15. replay-gpt3's default must come from the same budget, so both run one shard.
+# example), 175b-tp8 -> 15; llama31 405b-tp8 -> 8, 405b-tp4 -> 4. replay-gpt3's default must come from the
+# same budget, so both run one shard.
 STATE_BUDGET_BYTES = 60 * 2**30
 
 # MLPerf GPT-3 optimizer (reference/workloads.md): Adam with decoupled weight decay (not applied to biases
@@ -202,7 +205,7 @@ STATE_BUDGET_BYTES = 60 * 2**30
 GPT3_OPTIMIZER = {"lr": 2e-5, "min_lr": 2e-6, "warmup_steps": 265, "decay_steps": 108600,
                   "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "clip_norm": 1.0}
 
-GPT3_FLOPS_FORMULA = ("6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's parameters, "
+FLOPS_FORMULA = ("6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's parameters, "
                       "d = this shard's attention width, heads x head_dim)")
 HASH_METHOD = ("loss_hash: FNV-1a 64 over the little-endian float32 bits of every loss in order; "
                "weights_hash: first 16 hex digits of SHA-256 over the final bf16 parameters' bytes in "
@@ -224,10 +227,11 @@ def gpt3_config(preset):
     for what, n in (("heads", p["heads"]), ("ffn", p["ffn"]), ("padded vocabulary", vocab)):
         if n % tp:
             raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")
-    return {"hidden": p["hidden"], "heads": p["heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp,
-            "seq": p["seq"], "micro_batch": p["micro_batch"], "microbatches": 1, "vocab": vocab,
-            "vocab_shard": vocab // tp, "data_vocab": p["data_vocab"], "tp": tp,
-            "model_layers": p["model_layers"]}
+    return {"workload": "gpt3", "hidden": p["hidden"], "heads": p["heads"] // tp,
+            "kv_heads": p["heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp, "seq": p["seq"],
+            "micro_batch": p["micro_batch"], "microbatches": 1, "vocab": vocab, "vocab_shard": vocab // tp,
+            "data_vocab": p["data_vocab"], "tp": tp, "model_layers": p["model_layers"],
+            "optimizer": GPT3_OPTIMIZER}
 
 
 def gpt3_layer_params(cfg):
@@ -253,19 +257,149 @@ def gpt3_params(cfg, layers):
     return layers * gpt3_layer_params(cfg) + gpt3_embedding_params(cfg)
 
 
-def gpt3_flops_per_step(cfg, layers):
-    """Model FLOPs of one training step on this GPU (GPT3_FLOPS_FORMULA): 6N per token for the matrix
-    products forward and backward, plus 12*L*s*d per token for the attention scores and their product
-    with V (no discount for the causal mask)."""
-    tokens = cfg["micro_batch"] * cfg["microbatches"] * cfg["seq"]
+# ---------------------------------------------------------------------------------------------------------
+# Llama 3.1 405B shard: shapes, parameter counts, optimizer, RoPE frequencies (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+# Whole-model shapes per preset, as replay-llama31's presets (workloads/llama31/llama31.cpp): the tiny
+# test model and 405B at TP8 (NVIDIA's H100 layout) and TP4 (the H200 layout).
+LLAMA31_PRESETS = {
+    "tiny": {"hidden": 128, "heads": 2, "kv_heads": 1, "head_dim": 64, "ffn": 256, "seq": 128,
+             "micro_batch": 2, "data_vocab": 512, "tp": 1, "model_layers": 2},
+    "405b-tp8": {"hidden": 16384, "heads": 128, "kv_heads": 8, "head_dim": 128, "ffn": 53248, "seq": 8192,
+                 "micro_batch": 1, "data_vocab": 32000, "tp": 8, "model_layers": 126},
+    "405b-tp4": {"hidden": 16384, "heads": 128, "kv_heads": 8, "head_dim": 128, "ffn": 53248, "seq": 8192,
+                 "micro_batch": 1, "data_vocab": 32000, "tp": 4, "model_layers": 126},
+}
+
+# replay-llama31 pads the vocabulary to a multiple of 8 x TP only, so 32000 splits exactly (4000 per GPU
+# at TP8, 8000 at TP4).
+LLAMA31_VOCAB_PAD_MULTIPLE = 8
+LLAMA31_NORM_EPS = 1e-5  # RMSNorm
+# RoPE base and the Llama 3.1 frequency scaling (common/kernels/rope.h RopeScaling::llama31()).
+LLAMA31_ROPE = {"theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position": 8192.0}
+
+
+def llama31_config(preset, microbatches=1):
+    """One GPU's shard of the preset (replay's TransformerShape: heads_shard, kv_heads_shard, ffn_shard,
+    padded_vocab, vocab_shard), with `microbatches` micro-batches accumulated per step."""
+    if preset not in LLAMA31_PRESETS:
+        raise ValueError(f"unknown llama31 preset {preset!r}; choose one of {', '.join(LLAMA31_PRESETS)}")
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be at least 1, got {microbatches}")
+    p = LLAMA31_PRESETS[preset]
+    tp = p["tp"]
+    vocab = padded_vocab(p["data_vocab"], LLAMA31_VOCAB_PAD_MULTIPLE * tp)
+    for what, n in (("heads", p["heads"]), ("kv_heads", p["kv_heads"]), ("ffn", p["ffn"]),
+                    ("padded vocabulary", vocab)):
+        if n % tp:
+            raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")
+    return {"workload": "llama31", "hidden": p["hidden"], "heads": p["heads"] // tp,
+            "kv_heads": p["kv_heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp, "seq": p["seq"],
+            "micro_batch": p["micro_batch"], "microbatches": microbatches, "vocab": vocab,
+            "vocab_shard": vocab // tp, "data_vocab": p["data_vocab"], "tp": tp,
+            "model_layers": p["model_layers"],
+            "optimizer": llama31_optimizer(p["micro_batch"] * microbatches)}
+
+
+def llama31_qkv_width(cfg):
+    """The fused QKV row per GPU: the q heads, then the k heads, then the v heads."""
+    return (cfg["heads"] + 2 * cfg["kv_heads"]) * cfg["head_dim"]
+
+
+def llama31_layer_params(cfg):
+    """Parameters of one layer on this GPU: RMSNorm, QKV, output projection, RMSNorm, the fused gate+up
+    FC1 (2 x ffn wide), FC2; no biases. The RMSNorm weights are replicated on every rank."""
+    h, a, f = cfg["hidden"], cfg["heads"] * cfg["head_dim"], cfg["ffn"]
+    return h + h * llama31_qkv_width(cfg) + a * h + h + h * 2 * f + f * h
+
+
+def llama31_embedding_params(cfg):
+    """Token embedding shard, the untied LM head's shard, final RMSNorm (no position table: RoPE)."""
+    return 2 * cfg["vocab_shard"] * cfg["hidden"] + cfg["hidden"]
+
+
+def llama31_params(cfg, layers):
+    return layers * llama31_layer_params(cfg) + llama31_embedding_params(cfg)
+
+
+def llama31_optimizer(global_batch):
+    """MLPerf Llama 3.1 405B (replay-llama31's mlperf_optimizer): AdamW betas 0.9/0.95, eps 1e-5, weight
+    decay 0.1, clip 1.0; LR 8e-5 x GBS / 1152 warmed up over ceil(8000 x 1152 / GBS) steps, then cosine
+    to 8e-7 at ceil(1,200,000 x 1152 / GBS)."""
+    if global_batch < 1:
+        raise ValueError("global batch must be positive")
+    ref = 1152
+    return {"lr": 8e-5 * global_batch / ref, "min_lr": 8e-7, "warmup_steps": -(-8000 * ref // global_batch),
+            "decay_steps": -(-1_200_000 * ref // global_batch), "betas": (0.9, 0.95), "eps": 1e-5,
+            "weight_decay": 0.1, "clip_norm": 1.0}
+
+
+def rope_frequencies(head_dim, rope=LLAMA31_ROPE):
+    """f_i = theta^(-2i / head_dim) for i < head_dim / 2, rescaled as Llama 3.1 does (rope.cu, in fp64):
+    wavelengths 2 pi / f above original_max_position / low_freq_factor are divided by `factor`, those
+    below original_max_position / high_freq_factor are kept, those between interpolate smoothly."""
+    low = rope["original_max_position"] / rope["low_freq_factor"]
+    high = rope["original_max_position"] / rope["high_freq_factor"]
+    out = []
+    for i in range(head_dim // 2):
+        f = 1.0 / rope["theta"] ** (2.0 * i / head_dim)
+        wavelen = 2.0 * math.pi / f
+        if wavelen > low:
+            f = f / rope["factor"]
+        elif wavelen >= high:
+            smooth = ((rope["original_max_position"] / wavelen - rope["low_freq_factor"])
+                      / (rope["high_freq_factor"] - rope["low_freq_factor"]))
+            f = (1.0 - smooth) * f / rope["factor"] + smooth * f
+        out.append(f)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Either workload: parameters, FLOPs, default layers (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+# Per workload: its presets, whether its attention passes enable_gqa to SDPA, its parameter counts and the
+# config keys its JSON reports (as the replay tool's `config`: Llama's adds the key/value heads).
+WORKLOADS = {
+    "gpt3": {"presets": GPT3_PRESETS, "default_preset": "175b-tp4", "enable_gqa": False,
+             "layer_params": gpt3_layer_params,
+             "embedding_params": gpt3_embedding_params,
+             "config_keys": ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
+                             "vocab", "vocab_shard", "tp")},
+    "llama31": {"presets": LLAMA31_PRESETS, "default_preset": "405b-tp8", "enable_gqa": True,
+                "layer_params": llama31_layer_params,
+                "embedding_params": llama31_embedding_params,
+                "config_keys": ("hidden", "heads", "kv_heads", "head_dim", "ffn", "seq", "micro_batch",
+                                "microbatches", "vocab", "vocab_shard", "tp")},
+}
+
+
+def model_params(cfg, layers):
+    """N of the FLOP formula: this shard's parameters with `layers` layers."""
+    w = WORKLOADS[cfg["workload"]]
+    return layers * w["layer_params"](cfg) + w["embedding_params"](cfg)
+
+
+def tokens_per_step(cfg):
+    return cfg["micro_batch"] * cfg["microbatches"] * cfg["seq"]
+
+
+def flops_per_step(cfg, layers):
+    """Model FLOPs of one training step on this GPU (FLOPS_FORMULA): 6N per token for the matrix products
+    forward and backward, plus 12*L*s*d per token for the attention scores and their product with V (no
+    discount for the causal mask; d is the query width, heads x head_dim, with GQA too)."""
+    tokens = tokens_per_step(cfg)
     d = cfg["heads"] * cfg["head_dim"]
-    return 6.0 * gpt3_params(cfg, layers) * tokens + 12.0 * layers * cfg["seq"] * d * tokens
+    return 6.0 * model_params(cfg, layers) * tokens + 12.0 * layers * cfg["seq"] * d * tokens
 
 
 def default_layers(cfg, budget_bytes=STATE_BUDGET_BYTES, bytes_per_param=STATE_BYTES_PER_PARAM):
     """As many layers as fit the training-state budget (at least 1, at most the model's layers)."""
-    free = budget_bytes - bytes_per_param * gpt3_embedding_params(cfg)
-    fit = int(free // (bytes_per_param * gpt3_layer_params(cfg)))
+    w = WORKLOADS[cfg["workload"]]
+    free = budget_bytes - bytes_per_param * w["embedding_params"](cfg)
+    fit = int(free // (bytes_per_param * w["layer_params"](cfg)))
     return max(1, min(cfg["model_layers"], fit))
 
 
@@ -315,42 +449,41 @@ def step_stats(times_ms):
             "p90": percentile(times_ms, 90), "mean": sum(times_ms) / len(times_ms), "count": len(times_ms)}
 
 
-def gpt3_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured):
-    """The workload-run JSON (reports/SCHEMA.md) from the configuration, the run's settings (graphs,
-    seed, steps, warmup, data, preset) and what was measured (environment, settings, memory, graphs_info,
-    losses, weights_hash, attention_backend, loss_floor, version)."""
+def workload_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured):
+    """The workload-run JSON (reports/SCHEMA.md) from the configuration (gpt3_config or llama31_config),
+    the run's settings (graphs, seed, steps, warmup, data, preset) and what was measured (environment,
+    settings, memory, graphs_info, losses, weights_hash, attention_backend, loss_floor, version)."""
     stats = step_stats(step_ms)
     seconds = stats["median"] * 1e-3
-    tokens = cfg["micro_batch"] * cfg["microbatches"] * cfg["seq"]
-    flops = gpt3_flops_per_step(cfg, layers)
+    flops = flops_per_step(cfg, layers)
     tflops = flops / seconds / 1e12
-    config = {k: cfg[k] for k in ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
-                                  "vocab", "vocab_shard", "tp")}
+    config = {k: cfg[k] for k in WORKLOADS[cfg["workload"]]["config_keys"]}
     config = {"layers": layers, **config, "dropout": 0.0, "seed": run["seed"], "steps": run["steps"],
               "warmup": run["warmup"], "precision": "bf16", "data_vocab": cfg["data_vocab"],
-              "data": run["data"], "parameters": gpt3_params(cfg, layers)}
+              "data": run["data"], "parameters": model_params(cfg, layers)}
     losses = measured["losses"]
+    opt = cfg["optimizer"]
     return {
         "tool": "pytorch",
         "version": measured["version"],
-        "workload": "gpt3",
+        "workload": cfg["workload"],
         "preset": run["preset"],
         "graphs": run["graphs"],
         "environment": measured["environment"],
         "settings": measured["settings"],
         "config": config,
-        "optimizer": dict(GPT3_OPTIMIZER, betas=list(GPT3_OPTIMIZER["betas"]),
+        "optimizer": dict(opt, betas=list(opt["betas"]),
                           implementation="torch.optim.AdamW(fused=True, capturable=True) on fp32 masters, "
                                          "lr a device tensor; clip_grad_norm_(foreach=True)"),
         "attention_backend": measured["attention_backend"],
         "tensor_parallel_collectives": "not run (1 process)",
         "step_ms": stats,
         "host_enqueue_us": {"median": percentile(host_us, 50), "p90": percentile(host_us, 90)},
-        "throughput": {"tokens_per_s": tokens / seconds,
+        "throughput": {"tokens_per_s": tokens_per_step(cfg) / seconds,
                        "samples_per_s": cfg["micro_batch"] * cfg["microbatches"] / seconds},
         "model_tflops": tflops,
         "flops_per_step": flops,
-        "flops_formula": GPT3_FLOPS_FORMULA,
+        "flops_formula": FLOPS_FORMULA,
         "mfu": tflops / peak_tflops if peak_tflops else None,
         "peaks": {"bf16_gemm_tflops": peak_tflops},
         "memory": measured["memory"],
@@ -666,7 +799,7 @@ def cmd_ops(args):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPT-3 shard training (torch): data, graph capture, the timed run
+# Shard training (torch): data, graph capture, the timed run
 # ---------------------------------------------------------------------------------------------------------
 
 def _attr_text(v):
@@ -703,7 +836,7 @@ def token_file_problem(attrs, shape, is_int32, cfg):
 
 
 def read_token_file(path, cfg, count):
-    """[count, micro_batch, seq + 1] int64 ids from a replay-tokens HDF5 file, batches in sequential order
+    """[count, micro_batch, seq + 1] int64 ids (count micro-batches) from a replay-tokens HDF5 file, batches in sequential order
     (replay shuffles by default; the order does not change the step time), and the file's entropy rate
     when it is the loss floor (TP 1: ids are not remapped)."""
     try:
@@ -733,16 +866,19 @@ def read_token_file(path, cfg, count):
     return torch.from_numpy(ids), float(floor) if floor is not None else None
 
 
-def gpt3_tokens(cfg, count, seed, data_path):
-    """Every step's tokens, mapped into this rank's vocabulary shard, in pinned host memory (each step
-    copies its own slice, so no host write races an earlier asynchronous copy); and the loss floor."""
+def step_tokens(cfg, count, seed, data_path):
+    """Every step's tokens, [count, microbatches, micro_batch, seq + 1], mapped into this rank's vocabulary
+    shard, in pinned host memory (each step copies its own slice, so no host write races an earlier
+    asynchronous copy); and the loss floor."""
     import torch
+    n = count * cfg["microbatches"]
     if data_path is None:
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, cfg["data_vocab"], (count, cfg["micro_batch"], cfg["seq"] + 1), generator=g)
+        ids = torch.randint(0, cfg["data_vocab"], (n, cfg["micro_batch"], cfg["seq"] + 1), generator=g)
         floor = shard_entropy(cfg["data_vocab"], cfg["vocab_shard"])
     else:
-        ids, floor = read_token_file(data_path, cfg, count)
+        ids, floor = read_token_file(data_path, cfg, n)
+    ids = ids.view(count, cfg["microbatches"], cfg["micro_batch"], cfg["seq"] + 1)
     return (ids % cfg["vocab_shard"]).pin_memory(), floor
 
 
@@ -808,31 +944,49 @@ def fmt_ms(v):
     return "n/a" if v is None else f"{v:.1f}"
 
 
-def run_gpt3(args, cfg, layers):
+def build_model(cfg, layers):
+    """The workload's shard module (pytorch_gpt3.GPT3Shard or pytorch_llama31.Llama31Shard), bf16."""
+    import torch
+    if cfg["workload"] == "gpt3":
+        from pytorch_gpt3 import GPT3Shard as Shard
+    else:
+        from pytorch_llama31 import Llama31Shard as Shard
+    with torch.device("cuda"):
+        return Shard(cfg, layers).to(torch.bfloat16)
+
+
+def model_backend(cfg):
+    """The SDPA backend torch picks for the model's q, k, v: [B, H, S, D] views of the token-major fused
+    QKV output [B, S, Hq + 2 Hkv, D] that need grads (GQA when the shard has fewer KV heads)."""
+    import torch
+    hq, hkv = cfg["heads"], cfg["kv_heads"]
+    qkv = torch.empty(cfg["micro_batch"], cfg["seq"], hq + 2 * hkv, cfg["head_dim"], dtype=torch.bfloat16,
+                      device="cuda", requires_grad=True)
+    return _backend_name(qkv[:, :, :hq].transpose(1, 2), qkv[:, :, hq:hq + hkv].transpose(1, 2),
+                         qkv[:, :, hq + hkv:].transpose(1, 2), WORKLOADS[cfg["workload"]]["enable_gqa"])
+
+
+def run_workload(args, cfg, layers):
     """Builds the shard, warms up, captures (--graphs full), times args.steps steps; returns the JSON."""
     torch = require_cuda()
-    from pytorch_gpt3 import GPT3Shard, MixedPrecisionTrainer
+    from pytorch_gpt3 import MixedPrecisionTrainer
     torch.manual_seed(args.seed)
     env, settings = environment(), torch_settings()
     peak = measure_gemm_peak(Timer(5, 20))
-    progress(f"pytorch_baseline gpt3 {args.preset}: torch {env['torch']}, {env['gpu']}; graphs {args.graphs}, "
-             f"layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}x{cfg['head_dim']}, "
-             f"ffn {cfg['ffn']}, "
-             f"seq {cfg['seq']}, micro-batch {cfg['micro_batch']}, vocab shard {cfg['vocab_shard']} of "
-             f"{cfg['vocab']}, {gpt3_params(cfg, layers) / 1e6:.1f}M parameters; steps {args.steps}, "
-             f"warmup {args.warmup}, seed {args.seed}, data {args.data or 'random tokens'}; "
-             f"bf16 GEMM peak {peak:.1f} TFLOP/s")
-    tokens, floor = gpt3_tokens(cfg, args.warmup + args.steps, args.seed, args.data)
+    kv = f" (kv {cfg['kv_heads']})" if cfg["kv_heads"] != cfg["heads"] else ""
+    progress(f"pytorch_baseline {cfg['workload']} {args.preset}: torch {env['torch']}, {env['gpu']}; "
+             f"graphs {args.graphs}, layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}{kv}"
+             f"x{cfg['head_dim']}, ffn {cfg['ffn']}, seq {cfg['seq']}, micro-batch {cfg['micro_batch']} x "
+             f"{cfg['microbatches']}, vocab shard {cfg['vocab_shard']} of {cfg['vocab']}, "
+             f"{model_params(cfg, layers) / 1e6:.1f}M parameters; steps {args.steps}, warmup {args.warmup}, "
+             f"seed {args.seed}, data {args.data or 'random tokens'}; bf16 GEMM peak {peak:.1f} TFLOP/s")
+    tokens, floor = step_tokens(cfg, args.warmup + args.steps, args.seed, args.data)
 
-    with torch.device("cuda"):
-        model = GPT3Shard(cfg, layers).to(torch.bfloat16)
-    trainer = MixedPrecisionTrainer(model, GPT3_OPTIMIZER)
+    model = build_model(cfg, layers)
+    opt = cfg["optimizer"]
+    trainer = MixedPrecisionTrainer(model, opt)
     static_tokens = torch.empty(tokens.shape[1:], dtype=tokens.dtype, device="cuda")
-    # The SDPA backend torch picks for the model's q, k, v (views of the QKV output that need grads).
-    qkv = torch.empty(cfg["micro_batch"], cfg["seq"], 3, cfg["heads"], cfg["head_dim"], dtype=torch.bfloat16,
-                      device="cuda", requires_grad=True).permute(2, 0, 3, 1, 4)
-    backend = _backend_name(qkv[0], qkv[1], qkv[2], False)
-    del qkv
+    backend = model_backend(cfg)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -882,10 +1036,10 @@ def run_gpt3(args, cfg, layers):
 
     # The schedule ran on the device: its last value must be lr_at of the last step.
     taken = args.warmup + args.steps
-    lr, count = trainer.lr.item(), trainer.step_count.item()
-    if count != taken or abs(lr - lr_at(taken - 1)) > 1e-5 * lr_at(taken - 1):
+    lr, count, expected = trainer.lr.item(), trainer.step_count.item(), lr_at(taken - 1, opt)
+    if count != taken or abs(lr - expected) > 1e-5 * expected:
         raise BaselineError(f"device schedule disagrees with lr_at: {count:g} steps taken (expected {taken}), "
-                            f"lr {lr:.9g} (expected {lr_at(taken - 1):.9g})")
+                            f"lr {lr:.9g} (expected {expected:.9g})")
     measured = {
         "version": torch.__version__, "environment": env, "settings": settings, "attention_backend": backend,
         "memory": {"peak_bytes": torch.cuda.max_memory_allocated(),
@@ -898,11 +1052,12 @@ def run_gpt3(args, cfg, layers):
     }
     run = {"preset": args.preset, "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
            "warmup": args.warmup, "data": os.path.abspath(args.data) if args.data else "random"}
-    return gpt3_document(cfg, layers, run, step_ms, host_us, peak, measured)
+    return workload_document(cfg, layers, run, step_ms, host_us, peak, measured)
 
 
-def cmd_gpt3(args):
-    cfg = gpt3_config(args.preset)
+def cmd_train(args):
+    """`gpt3` and `llama31`: checks the arguments, runs, writes the JSON."""
+    cfg = gpt3_config(args.preset) if args.command == "gpt3" else llama31_config(args.preset, args.microbatches)
     layers = args.layers if args.layers is not None else default_layers(cfg)
     if layers > cfg["model_layers"]:
         raise BaselineError(f"--layers {layers}: the {args.preset} model has {cfg['model_layers']} layers")
@@ -916,7 +1071,7 @@ def cmd_gpt3(args):
         raise BaselineError(f"--data {args.data}: no such file")
     torch = require_cuda()
     try:
-        doc = run_gpt3(args, cfg, layers)
+        doc = run_workload(args, cfg, layers)
     except torch.cuda.OutOfMemoryError as e:
         raise BaselineError(f"out of GPU memory with {layers} layers ({str(e).splitlines()[0]}); "
                             f"try a smaller --layers") from None
@@ -964,23 +1119,30 @@ def build_parser():
     ops.add_argument("--only", type=_regex, default=None, help="time only the ops whose name matches")
     ops.set_defaults(func=cmd_ops)
 
-    gpt3 = sub.add_parser("gpt3", help="train the GPT-3 175B shard replay-gpt3 trains, eager or one full-step "
-                                       "graph (reports/SCHEMA.md, workload runs)")
-    gpt3.add_argument("--preset", choices=list(GPT3_PRESETS), default="175b-tp4",
-                      help="shapes and tensor-parallel degree (default 175b-tp4)")
-    gpt3.add_argument("--graphs", choices=("none", "full"), default="none",
-                      help="none: eager; full: the whole step, optimizer included, as one CUDA graph")
-    gpt3.add_argument("--steps", type=_int_at_least(1), default=50, help="timed steps (default 50)")
-    gpt3.add_argument("--warmup", type=_int_at_least(0), default=3,
-                      help="untimed steps first, before the capture with --graphs full (default 3)")
-    gpt3.add_argument("--layers", type=_int_at_least(1), default=None,
-                      help="layers on this GPU (default: what fits an 80 GB H100 at 18 bytes of state "
-                           "per parameter: 7 for 175b-tp4, 15 for 175b-tp8)")
-    gpt3.add_argument("--seed", type=_int_at_least(0), default=1234, help="weights and random tokens")
-    gpt3.add_argument("--data", default=None,
-                      help="replay-tokens HDF5 file (datasets/gpt3.md; needs h5py); default random tokens")
-    gpt3.add_argument("--json", required=True, help="output JSON path")
-    gpt3.set_defaults(func=cmd_gpt3)
+    helps = {"gpt3": ("train the GPT-3 175B shard replay-gpt3 trains", "7 for 175b-tp4, 15 for 175b-tp8"),
+             "llama31": ("train the Llama 3.1 405B shard replay-llama31 trains", "8 for 405b-tp8, 4 for 405b-tp4")}
+    for name, (what, layers) in helps.items():
+        w = WORKLOADS[name]
+        p = sub.add_parser(name, help=f"{what}, eager or one full-step graph (reports/SCHEMA.md, workload runs)")
+        p.add_argument("--preset", choices=list(w["presets"]), default=w["default_preset"],
+                       help=f"shapes and tensor-parallel degree (default {w['default_preset']})")
+        p.add_argument("--graphs", choices=("none", "full"), default="none",
+                       help="none: eager; full: the whole step, optimizer included, as one CUDA graph")
+        p.add_argument("--steps", type=_int_at_least(1), default=50, help="timed steps (default 50)")
+        p.add_argument("--warmup", type=_int_at_least(0), default=3,
+                       help="untimed steps first, before the capture with --graphs full (default 3)")
+        p.add_argument("--layers", type=_int_at_least(1), default=None,
+                       help="layers on this GPU (default: what fits an 80 GB H100 at 18 bytes of state "
+                            f"per parameter: {layers})")
+        p.add_argument("--seed", type=_int_at_least(0), default=1234, help="weights and random tokens")
+        if name == "llama31":
+            p.add_argument("--microbatches", type=_int_at_least(1), default=1,
+                           help="micro-batches accumulated per step, inside the graph too (default 1); "
+                                "the learning-rate schedule follows the global batch, as replay's")
+        p.add_argument("--data", default=None,
+                       help="replay-tokens HDF5 file (datasets/gpt3.md; needs h5py); default random tokens")
+        p.add_argument("--json", required=True, help="output JSON path")
+        p.set_defaults(func=cmd_train)
     return parser
 
 

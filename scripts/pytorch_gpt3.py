@@ -77,7 +77,8 @@ class GPT3Shard(nn.Module):
 
 
 class MixedPrecisionTrainer:
-    """bf16 model, fp32 master weights and gradients, fused AdamW on the masters.
+    """bf16 model, fp32 master weights and gradients, fused AdamW on the masters; shared by the GPT-3 and
+    Llama 3.1 baselines (any model whose forward(idx, targets) returns the mean loss).
 
     Everything that changes between steps (learning rate, step counter, optimizer step) lives on the
     device and nothing reads a device value on the host, so `step` can run eagerly or be captured whole,
@@ -86,15 +87,18 @@ class MixedPrecisionTrainer:
     Memory: autograd makes a bf16 gradient for each bf16 parameter; a post-accumulate-grad hook copies it
     into the parameter's fp32 master gradient and frees it at once, so the step holds 18 bytes per
     parameter (fp32 master, bf16 parameter, fp32 gradient, Adam m and v) plus one bf16 gradient at a time.
+    With several micro-batches per step the first micro-batch's backward copies, the later ones add (fp32
+    accumulation, in a fixed order).
     """
 
     def __init__(self, model, opt):
         self.model, self.opt = model, opt
         self.params = list(model.parameters())
+        self.accumulate = False  # the hooks add to the master gradients instead of overwriting them
         self.masters = [p.detach().float() for p in self.params]
         for param, master in zip(self.params, self.masters):
             master.grad = torch.zeros_like(master)
-            param.register_post_accumulate_grad_hook(self._grad_to_master(master))
+            param.register_post_accumulate_grad_hook(self._grad_to_master(master, self))
         device = self.params[0].device
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.step_count = torch.zeros((), dtype=torch.float32, device=device)  # steps taken, exact to 2^24
@@ -107,9 +111,12 @@ class MixedPrecisionTrainer:
             group["lr"] = self.lr  # the one device tensor the schedule writes
 
     @staticmethod
-    def _grad_to_master(master):
+    def _grad_to_master(master, trainer):
         def hook(param):
-            master.grad.copy_(param.grad)
+            if trainer.accumulate:
+                master.grad.add_(param.grad)
+            else:
+                master.grad.copy_(param.grad)
             param.grad = None
         return hook
 
@@ -122,10 +129,18 @@ class MixedPrecisionTrainer:
         return torch.where(s < o["warmup_steps"], warmup, cosine)
 
     def step(self, tokens):
-        """One training step on `tokens` [B, T + 1]; returns the loss and the gradient norm (before
-        clipping) as device tensors."""
-        loss = self.model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
+        """One training step on `tokens` [micro-batches, B, T + 1]: the gradient of the mean loss over the
+        micro-batches; returns that mean loss and the gradient norm (before clipping) as device tensors."""
+        n = tokens.size(0)
+        loss = None
+        for i in range(n):
+            self.accumulate = i > 0
+            mb_loss = self.model(tokens[i, :, :-1], tokens[i, :, 1:])
+            (mb_loss / n if n > 1 else mb_loss).backward()
+            loss = mb_loss.detach() if loss is None else loss + mb_loss.detach()
+        self.accumulate = False
+        if n > 1:
+            loss = loss / n
         grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, self.opt["clip_norm"], foreach=True)
         self.lr.copy_(self.learning_rate())
         self.optimizer.step()
@@ -133,4 +148,4 @@ class MixedPrecisionTrainer:
         with torch.no_grad():
             for param, master in zip(self.params, self.masters):
                 param.copy_(master)
-        return loss.detach(), grad_norm
+        return loss, grad_norm

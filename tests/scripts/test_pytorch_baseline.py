@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tests of scripts/pytorch_baseline.py's pure parts, run without torch: the ops shape table, FLOP formulas,
 names, statistics and JSON entries; the gpt3 shard's shapes, parameter counts, FLOPs, default layers,
-learning-rate schedule, data order, token-file checks, loss hash and JSON document; argument errors.
-Importing the script must not import torch."""
+learning-rate schedule, data order, token-file checks, loss hash and JSON document; the llama31 shard's
+shapes against replay-llama31's presets, parameter counts, FLOPs, default layers, optimizer, RoPE
+frequencies and JSON document; argument errors. Importing the script must not import torch."""
 
 import importlib.util
 import json
@@ -184,7 +185,7 @@ class Gpt3Shapes(unittest.TestCase):
         full = dict(TP4, heads=96, ffn=49152, vocab_shard=50304, tp=1)
         n = pb.gpt3_params(full, 96)
         self.assertAlmostEqual(n / 175e9, 1.0, delta=0.005)
-        per_token = pb.gpt3_flops_per_step(full, 96) / 2048
+        per_token = pb.flops_per_step(full, 96) / 2048
         self.assertAlmostEqual(per_token / 1.077e12, 1.0, delta=0.005)  # reference/workloads.md
 
 
@@ -192,16 +193,16 @@ class Gpt3Flops(unittest.TestCase):
     def test_formula(self):
         tokens = 2048
         expected = 6.0 * pb.gpt3_params(TP4, 7) * tokens + 12.0 * 7 * 2048 * (24 * 128) * tokens
-        self.assertEqual(pb.gpt3_flops_per_step(TP4, 7), expected)
+        self.assertEqual(pb.flops_per_step(TP4, 7), expected)
 
     def test_attention_term_uses_this_shards_heads(self):
         # Halving the heads per GPU (TP4 -> TP8) halves the attention term.
-        attn = lambda cfg: pb.gpt3_flops_per_step(cfg, 1) - 6.0 * pb.gpt3_params(cfg, 1) * 2048  # noqa: E731
+        attn = lambda cfg: pb.flops_per_step(cfg, 1) - 6.0 * pb.gpt3_params(cfg, 1) * 2048  # noqa: E731
         self.assertAlmostEqual(attn(TP4) / attn(TP8), 2.0)
 
     def test_formula_string_in_the_json_says_what_d_is(self):
-        self.assertIn("6*N*tokens + 12*L*s*d*tokens", pb.GPT3_FLOPS_FORMULA)
-        self.assertIn("heads x head_dim", pb.GPT3_FLOPS_FORMULA)
+        self.assertIn("6*N*tokens + 12*L*s*d*tokens", pb.FLOPS_FORMULA)
+        self.assertIn("heads x head_dim", pb.FLOPS_FORMULA)
 
 
 class Gpt3DefaultLayers(unittest.TestCase):
@@ -297,7 +298,7 @@ class Gpt3Json(unittest.TestCase):
                     "graphs_info": {"count": 1, "nodes": 900, "capture_ms": 400.0, "instantiate_ms": 100.0},
                     "losses": [10.5, 10.25], "weights_hash": "00ff", "loss_floor": 9.44}
         run = {"preset": "175b-tp4", "graphs": graphs, "seed": 1234, "steps": 4, "warmup": 3, "data": "random"}
-        return pb.gpt3_document(TP4, 7, run, [200.0, 210.0, 190.0, 205.0], [50.0, 60.0, 70.0, 80.0], 800.0,
+        return pb.workload_document(TP4, 7, run, [200.0, 210.0, 190.0, 205.0], [50.0, 60.0, 70.0, 80.0], 800.0,
                                 measured)
 
     def test_rates(self):
@@ -306,7 +307,7 @@ class Gpt3Json(unittest.TestCase):
         self.assertEqual(d["step_ms"]["count"], 4)
         self.assertAlmostEqual(d["throughput"]["tokens_per_s"], 2048 / 0.2025)
         self.assertAlmostEqual(d["throughput"]["samples_per_s"], 1 / 0.2025)
-        self.assertAlmostEqual(d["model_tflops"], pb.gpt3_flops_per_step(TP4, 7) / 0.2025 / 1e12)
+        self.assertAlmostEqual(d["model_tflops"], pb.flops_per_step(TP4, 7) / 0.2025 / 1e12)
         self.assertAlmostEqual(d["mfu"], d["model_tflops"] / 800.0)
         self.assertEqual(d["host_enqueue_us"]["median"], 65.0)
         self.assertEqual(d["loss_hash"], pb.loss_hash([10.5, 10.25]))
@@ -337,6 +338,168 @@ class Gpt3Json(unittest.TestCase):
             self.assertEqual(d["graphs"], graphs)
             self.assertEqual(report.workload_file_key(f"pytorch_gpt3_175b-tp4_{graphs}.json"),
                              ("pytorch", "gpt3", "175b-tp4", graphs, 0))
+
+
+L8 = pb.llama31_config("405b-tp8")
+L4 = pb.llama31_config("405b-tp4")
+
+
+class Llama31Shapes(unittest.TestCase):
+    def test_tp8_shard_is_replays(self):
+        # workloads/llama31/README.md: 16 of 128 q heads, 1 of 8 KV heads, head dim 128, FFN 6656 of
+        # 53248, sequence 8192, micro-batch 1, vocabulary 32000 (4000 per GPU).
+        for key, value in {"hidden": 16384, "heads": 16, "kv_heads": 1, "head_dim": 128, "ffn": 6656,
+                           "seq": 8192, "micro_batch": 1, "microbatches": 1, "vocab": 32000,
+                           "vocab_shard": 4000, "data_vocab": 32000, "tp": 8, "model_layers": 126}.items():
+            self.assertEqual(L8[key], value, key)
+        self.assertEqual(pb.llama31_qkv_width(L8), 2304)
+
+    def test_tp4_shard(self):
+        self.assertEqual((L4["heads"], L4["kv_heads"], L4["ffn"], L4["vocab_shard"], L4["tp"]),
+                         (32, 2, 13312, 8000, 4))
+        self.assertEqual(pb.llama31_qkv_width(L4), 36 * 128)
+
+    def test_tiny(self):
+        tiny = pb.llama31_config("tiny")
+        self.assertEqual((tiny["hidden"], tiny["heads"], tiny["kv_heads"], tiny["head_dim"], tiny["ffn"],
+                          tiny["seq"], tiny["micro_batch"], tiny["vocab"], tiny["vocab_shard"], tiny["tp"]),
+                         (128, 2, 1, 64, 256, 128, 2, 512, 512, 1))
+        self.assertLess(pb.llama31_params(tiny, pb.default_layers(tiny)), 10_000_000)
+
+    def test_vocab_padded_to_8_times_tp(self):
+        self.assertEqual(pb.padded_vocab(32000, pb.LLAMA31_VOCAB_PAD_MULTIPLE * 8), 32000)
+        self.assertEqual(pb.padded_vocab(32001, pb.LLAMA31_VOCAB_PAD_MULTIPLE * 8), 32064)
+
+    def test_bad_preset_and_microbatches(self):
+        with self.assertRaises(ValueError):
+            pb.llama31_config("405b-tp2")
+        with self.assertRaises(ValueError):
+            pb.llama31_config("tiny", microbatches=0)
+
+    def test_layer_params_match_the_op_shapes(self):
+        # The weights are exactly the GEMMs `ops` times for llama31_405b_tp8, plus two RMSNorm weights:
+        # about 398M per layer per GPU (reference/workloads.md).
+        weights = sum(n * k for _, n, k in pb.SHARDS["llama31_405b_tp8"]["linears"])
+        self.assertEqual(pb.llama31_layer_params(L8), weights + 2 * 16384)
+        self.assertEqual(pb.llama31_layer_params(L8), 398_491_648)
+        att = pb.SHARDS["llama31_405b_tp8"]["attention"]
+        self.assertEqual((att["q_heads"], att["kv_heads"], att["seq"], att["head_dim"]),
+                         (L8["heads"], L8["kv_heads"], L8["seq"], L8["head_dim"]))
+
+    def test_embedding_params_untied(self):
+        self.assertEqual(pb.llama31_embedding_params(L8), 2 * 4000 * 16384 + 16384)
+        self.assertEqual(pb.model_params(L8, 8), 8 * 398_491_648 + pb.llama31_embedding_params(L8))
+
+    def test_whole_model_at_tp1_is_llama_405b(self):
+        # With Llama 3.1's own 128256-token vocabulary the whole model is 405.85B parameters.
+        full = dict(L8, heads=128, kv_heads=8, ffn=53248, vocab_shard=128256, tp=1)
+        self.assertAlmostEqual(pb.model_params(full, 126) / 405.85e9, 1.0, delta=0.001)
+
+
+class Llama31Flops(unittest.TestCase):
+    def test_formula_uses_the_shards_query_width(self):
+        tokens = 8192
+        expected = 6.0 * pb.model_params(L8, 8) * tokens + 12.0 * 8 * 8192 * (16 * 128) * tokens
+        self.assertEqual(pb.flops_per_step(L8, 8), expected)
+
+    def test_microbatches_scale_the_tokens(self):
+        l8x4 = pb.llama31_config("405b-tp8", microbatches=4)
+        self.assertEqual(pb.tokens_per_step(l8x4), 4 * 8192)
+        self.assertEqual(pb.flops_per_step(l8x4, 8), 4 * pb.flops_per_step(L8, 8))
+
+
+class Llama31DefaultLayers(unittest.TestCase):
+    def test_what_fits_an_80gb_h100(self):
+        self.assertEqual(pb.default_layers(L8), 8)
+        self.assertEqual(pb.default_layers(L4), 4)
+        for cfg, layers in ((L8, 8), (L4, 4)):
+            self.assertLessEqual(18 * pb.model_params(cfg, layers), pb.STATE_BUDGET_BYTES)
+            self.assertGreater(18 * pb.model_params(cfg, layers + 1), pb.STATE_BUDGET_BYTES)
+        tiny = pb.llama31_config("tiny")
+        self.assertEqual(pb.default_layers(tiny), 2)
+
+
+class Llama31Optimizer(unittest.TestCase):
+    def test_replays_mlperf_settings(self):
+        # workloads/llama31/llama31.cpp mlperf_optimizer: 8e-5 x GBS / 1152 down to 8e-7, warm-up
+        # ceil(8000 x 1152 / GBS), decay ceil(1,200,000 x 1152 / GBS); AdamW 0.9/0.95, eps 1e-5, wd 0.1.
+        o = pb.llama31_optimizer(4)
+        self.assertAlmostEqual(o["lr"], 8e-5 * 4 / 1152)
+        self.assertEqual((o["min_lr"], o["warmup_steps"], o["decay_steps"]), (8e-7, 2304000, 345600000))
+        self.assertEqual((o["betas"], o["eps"], o["weight_decay"], o["clip_norm"]), ((0.9, 0.95), 1e-5, 0.1, 1.0))
+        self.assertEqual(pb.llama31_optimizer(5)["warmup_steps"], 1843200)
+        self.assertEqual(pb.llama31_optimizer(7)["warmup_steps"], -(-8000 * 1152 // 7))  # rounded up
+        self.assertEqual(pb.llama31_config("405b-tp8", microbatches=4)["optimizer"]["warmup_steps"], 2304000)
+
+    def test_schedule(self):
+        o = pb.llama31_optimizer(1152)
+        self.assertAlmostEqual(pb.lr_at(0, o), 8e-5 / 8000)
+        self.assertAlmostEqual(pb.lr_at(7999, o), 8e-5)
+        self.assertAlmostEqual(pb.lr_at(1_200_000, o), 8e-7)
+
+
+class Llama31Rope(unittest.TestCase):
+    def test_frequencies(self):
+        f = pb.rope_frequencies(128)
+        self.assertEqual(len(f), 64)
+        self.assertEqual(f[0], 1.0)  # wavelength 2 pi: kept
+        theta = 500000.0
+        for i in range(64):
+            raw = 1.0 / theta ** (2.0 * i / 128)  # as rope.cu: 1 / pow(theta, 2i / D)
+            wavelen = 2 * math.pi / raw
+            if wavelen < 8192 / 4:      # high frequencies kept
+                self.assertEqual(f[i], raw, i)
+            elif wavelen > 8192:        # low frequencies divided by 8
+                self.assertAlmostEqual(f[i] / (raw / 8), 1.0, places=12, msg=i)
+            else:                       # between: a blend, strictly inside [raw / 8, raw]
+                self.assertTrue(raw / 8 < f[i] < raw, i)
+        self.assertTrue(all(a > b for a, b in zip(f, f[1:])))  # still decreasing
+
+    def test_norm_eps_and_base(self):
+        self.assertEqual(pb.LLAMA31_NORM_EPS, 1e-5)
+        self.assertEqual(pb.LLAMA31_ROPE["theta"], 500000.0)
+
+
+class Llama31Json(unittest.TestCase):
+    def document(self, graphs="full", microbatches=1):
+        cfg = pb.llama31_config("405b-tp8", microbatches)
+        measured = {"version": "2.11.0", "environment": {"gpu": "Test GPU"}, "settings": {},
+                    "attention_backend": "FLASH_ATTENTION",
+                    "memory": {"peak_bytes": 70e9, "reserved_bytes": 72e9, "arena_bytes": None,
+                               "graph_extra_bytes": None},
+                    "graphs_info": {"count": 1, "nodes": 900, "capture_ms": 400.0, "instantiate_ms": 100.0},
+                    "losses": [8.5, 8.25], "weights_hash": "00ff", "loss_floor": math.log(4000)}
+        run = {"preset": "405b-tp8", "graphs": graphs, "seed": 1234, "steps": 4, "warmup": 3, "data": "random"}
+        return pb.workload_document(cfg, 8, run, [2000.0, 2100.0, 1900.0, 2050.0], [50.0, 60.0, 70.0, 80.0],
+                                    800.0, measured)
+
+    def test_fields(self):
+        d = self.document(microbatches=4)
+        self.assertEqual((d["tool"], d["workload"], d["preset"]), ("pytorch", "llama31", "405b-tp8"))
+        c = d["config"]
+        self.assertEqual((c["layers"], c["heads"], c["kv_heads"], c["ffn"], c["vocab_shard"], c["microbatches"]),
+                         (8, 16, 1, 6656, 4000, 4))
+        self.assertEqual(c["parameters"], pb.model_params(L8, 8))
+        self.assertAlmostEqual(d["throughput"]["tokens_per_s"], 4 * 8192 / 2.025)
+        self.assertAlmostEqual(d["throughput"]["samples_per_s"], 4 / 2.025)
+        self.assertEqual(d["optimizer"]["eps"], 1e-5)
+        self.assertEqual(d["optimizer"]["warmup_steps"], 2304000)
+        self.assertEqual(d["flops_formula"], pb.FLOPS_FORMULA)
+        json.dumps(d, allow_nan=False)
+
+    def test_same_keys_as_gpt3_plus_kv_heads(self):
+        # replay-llama31 reports config.kv_heads; every other key is gpt3's (and documented there).
+        d, g = self.document(), Gpt3Json().document()
+        self.assertEqual(set(d), set(g))
+        self.assertEqual(set(d["config"]), set(g["config"]) | {"kv_heads"})
+        self.assertEqual(list(d["config"])[:4], ["layers", "hidden", "heads", "kv_heads"])
+
+    def test_report_accepts_it(self):
+        for graphs in ("none", "full"):
+            d = report.validate_workload(self.document(graphs), f"pytorch_llama31_405b-tp8_{graphs}.json")
+            self.assertEqual(d["graphs"], graphs)
+            self.assertEqual(report.workload_file_key(f"pytorch_llama31_405b-tp8_{graphs}.json"),
+                             ("pytorch", "llama31", "405b-tp8", graphs, 0))
 
 
 class LossHash(unittest.TestCase):
@@ -407,6 +570,39 @@ class CommandLine(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "out.json")
             p = run_cli("gpt3", "--preset", "tiny", "--json", out)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("pytorch_baseline.py: error: PyTorch is not importable", p.stderr)
+            self.assertFalse(os.path.exists(out))
+
+
+    def test_llama31_layers_beyond_the_model(self):
+        p = run_cli("llama31", "--preset", "tiny", "--layers", "3", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("the tiny model has 2 layers", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+
+    def test_llama31_full_graph_needs_warmup(self):
+        p = run_cli("llama31", "--graphs", "full", "--warmup", "0", "--microbatches", "2", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--graphs full needs --warmup 1 or more", p.stderr)
+
+    def test_llama31_bad_choices(self):
+        for args in (("--preset", "175b-tp4"), ("--graphs", "layer"), ("--microbatches", "0")):
+            with self.subTest(args):
+                p = run_cli("llama31", *args, "--json", os.devnull)
+                self.assertEqual(p.returncode, 2)
+                self.assertIn("usage:", p.stderr)
+
+    def test_gpt3_has_no_microbatches_flag(self):
+        p = run_cli("gpt3", "--microbatches", "2", "--json", os.devnull)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unrecognized arguments", p.stderr)
+
+    @unittest.skipIf(TORCH_PRESENT, "torch is installed here (the no-torch path cannot be exercised)")
+    def test_llama31_no_torch_is_a_clear_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "out.json")
+            p = run_cli("llama31", "--preset", "tiny", "--microbatches", "2", "--json", out)
             self.assertEqual(p.returncode, 2)
             self.assertIn("pytorch_baseline.py: error: PyTorch is not importable", p.stderr)
             self.assertFalse(os.path.exists(out))

@@ -2,35 +2,22 @@
 // any GPU work, --help exits 0), preset resolution, MLPerf's schedule lengths, the shard shapes the
 // presets derive, and the parameter store's layout.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
+#include <vector>
 
+#include "tests/workloads/workload_test_util.h"
 #include "workloads/gpt3/gpt3.h"
 #include "workloads/transformer/params.h"
 
 namespace replay::gpt3 {
 namespace {
 
-struct Outcome {
-  int status;
-  std::string output;
-};
+using test::has;
+using test::Outcome;
 
 Outcome run_binary(const std::string& args) {
-  const std::string cmd = std::string("'") + REPLAY_GPT3_BINARY + "' " + args + " 2>&1";
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, "popen failed: " + cmd};
-  std::string out;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
-  const int raw = ::pclose(pipe);
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
-}
-
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
+  return test::shell(std::string("'") + REPLAY_GPT3_BINARY + "' " + args);
 }
 
 TEST(Gpt3Cli, BadFlagsExitTwoWithAClearMessage) {
@@ -54,11 +41,11 @@ TEST(Gpt3Cli, BadFlagsExitTwoWithAClearMessage) {
 }
 
 bench::HarnessFlags flags(const std::vector<std::string>& args) {
-  return *bench::parse_flags("replay-gpt3", args, preset_names(), "tiny");
+  return *bench::parse_flags("replay-gpt3", args, preset_names(workload()), "tiny");
 }
 
 TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
-  const Settings s = resolve(flags({}));
+  const transformer::Settings s = resolve(workload(), flags({}));
   EXPECT_EQ(s.preset.name, "tiny");
   EXPECT_EQ(s.flags.steps, 20);
   EXPECT_EQ(s.flags.layers, 2);
@@ -67,16 +54,20 @@ TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
   EXPECT_EQ(s.trainer.mode, graphs::GraphMode::kFull);
   EXPECT_EQ(s.trainer.shape.layers, 2);
 
-  const Settings t = resolve(flags({"--preset", "175b-tp4", "--graphs", "layer", "--dropout", "0.1",
-                                    "--seed", "9", "--microbatches", "2"}));
+  const transformer::Settings t =
+      resolve(workload(), flags({"--preset", "175b-tp4", "--graphs", "layer", "--dropout", "0.1",
+                                 "--seed", "9", "--microbatches", "2"}));
   EXPECT_EQ(t.trainer.shape.layers, 0) << "175B layers come from the memory budget";
   EXPECT_FLOAT_EQ(t.trainer.shape.dropout, 0.1f);
   EXPECT_EQ(t.trainer.seed, 9u);
   EXPECT_EQ(t.trainer.microbatches, 2);
   EXPECT_EQ(t.trainer.mode, graphs::GraphMode::kLayer);
   EXPECT_EQ(t.trainer.optimizer.schedule.warmup_steps, 265 * 1536 / 2);
-  EXPECT_EQ(resolve(flags({"--preset", "175b-tp4", "--layers", "12"})).trainer.shape.layers, 12);
-  EXPECT_THROW(resolve(flags({"--preset", "175b-tp8", "--layers", "97"})), bench::UsageError);
+  EXPECT_EQ(
+      resolve(workload(), flags({"--preset", "175b-tp4", "--layers", "12"})).trainer.shape.layers,
+      12);
+  EXPECT_THROW(resolve(workload(), flags({"--preset", "175b-tp8", "--layers", "97"})),
+               bench::UsageError);
 }
 
 TEST(Gpt3Settings, MlperfSchedule) {
@@ -93,7 +84,7 @@ TEST(Gpt3Settings, MlperfSchedule) {
 }
 
 TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
-  const transformer::TransformerShape tp4 = preset("175b-tp4").shape;
+  const transformer::TransformerShape tp4 = preset(workload(), "175b-tp4").shape;
   EXPECT_EQ(tp4.padded_vocab(), 50688);  // 50257 up to a multiple of 128 x 4
   EXPECT_EQ(tp4.vocab_shard(), 12672);
   EXPECT_EQ(tp4.heads_shard(), 24);
@@ -101,12 +92,12 @@ TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
   EXPECT_EQ(tp4.qkv_width(), 9216);  // QKV GEMM 2048x12288 by 12288x9216
   EXPECT_EQ(tp4.ffn_shard(), 12288);
   EXPECT_EQ(tp4.tokens(), 2048);
-  const transformer::TransformerShape tp8 = preset("175b-tp8").shape;
+  const transformer::TransformerShape tp8 = preset(workload(), "175b-tp8").shape;
   EXPECT_EQ(tp8.padded_vocab(), 51200);
   EXPECT_EQ(tp8.vocab_shard(), 6400);
   EXPECT_EQ(tp8.heads_shard(), 12);
   EXPECT_EQ(tp8.ffn_shard(), 6144);
-  const transformer::TransformerShape tiny = preset("tiny").shape;
+  const transformer::TransformerShape tiny = preset(workload(), "tiny").shape;
   EXPECT_EQ(tiny.padded_vocab(), 512);
   EXPECT_NO_THROW(tiny.validate());
   transformer::TransformerShape bad = tp4;

@@ -3,11 +3,11 @@
 // shapes the 405B presets derive (reference/workloads.md: at TP8 QKV 16384 x 2304, output
 // 2048 x 16384, gate+up 16384 x 13312, FC2 6656 x 16384, vocabulary 4000 per GPU).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
+#include <vector>
 
+#include "tests/workloads/workload_test_util.h"
 #include "workloads/llama31/llama31.h"
 
 namespace replay::llama31 {
@@ -15,28 +15,16 @@ namespace {
 
 using transformer::TransformerShape;
 
-struct Outcome {
-  int status;
-  std::string output;
-};
+using test::has;
+using test::Outcome;
 
 Outcome run_binary(const std::string& args) {
-  const std::string cmd = std::string("'") + REPLAY_LLAMA31_BINARY + "' " + args + " 2>&1";
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, "popen failed: " + cmd};
-  std::string out;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
-  const int raw = ::pclose(pipe);
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
+  return test::shell(std::string("'") + REPLAY_LLAMA31_BINARY + "' " + args);
 }
 
-bool has(const std::string& text, const std::string& what) {
-  return text.find(what) != std::string::npos;
-}
-
-Settings resolve_args(const std::vector<std::string>& args) {
-  return resolve(*bench::parse_flags("replay-llama31", args, preset_names(), "tiny"));
+transformer::Settings resolve_args(const std::vector<std::string>& args) {
+  return resolve(workload(),
+                 *bench::parse_flags("replay-llama31", args, preset_names(workload()), "tiny"));
 }
 
 TEST(Llama31Cli, BadFlagsExitTwoAndHelpExitsZero) {
@@ -52,7 +40,7 @@ TEST(Llama31Cli, BadFlagsExitTwoAndHelpExitsZero) {
 }
 
 TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
-  TransformerShape s = preset("405b-tp8").shape;
+  TransformerShape s = preset(workload(), "405b-tp8").shape;
   EXPECT_EQ(s.layers, 0) << "the 405B presets take their layer count from the memory budget";
   s.layers = 1;
   EXPECT_NO_THROW(s.validate());
@@ -81,7 +69,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
   EXPECT_NEAR(static_cast<double>(per_layer) / 1e6, 398.0, 1.0);
   EXPECT_TRUE(has(s.describe(), "kv heads 8 (1 per GPU)")) << s.describe();
 
-  TransformerShape t4 = preset("405b-tp4").shape;
+  TransformerShape t4 = preset(workload(), "405b-tp4").shape;
   t4.layers = 1;
   EXPECT_NO_THROW(t4.validate());
   EXPECT_EQ(t4.heads_shard(), 32);
@@ -90,7 +78,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
   EXPECT_EQ(t4.fc1_width(), 2 * 13312);
   EXPECT_EQ(t4.vocab_shard(), 8000);
 
-  const TransformerShape tiny = preset("tiny").shape;
+  const TransformerShape tiny = preset(workload(), "tiny").shape;
   EXPECT_NO_THROW(tiny.validate());
   EXPECT_EQ(tiny.heads_shard(), 2);
   EXPECT_EQ(tiny.kv_heads_shard(), 1);
@@ -99,7 +87,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
 }
 
 TEST(Llama31Presets, GqaNeedsKvHeadsThatDivideTheQueryHeadsAndTp) {
-  TransformerShape s = preset("405b-tp8").shape;
+  TransformerShape s = preset(workload(), "405b-tp8").shape;
   s.layers = 1;
   s.heads_kv = 3;
   EXPECT_THROW(s.validate(), Error);
@@ -129,12 +117,14 @@ TEST(Llama31Settings, MlperfOptimizerAndSchedule) {
 }
 
 TEST(Llama31Settings, ResolveFillsThePresetAndTheMicroBatches) {
-  const Settings s = resolve_args({"--preset", "405b-tp8", "--microbatches", "4", "--seed", "5"});
+  const transformer::Settings s =
+      resolve_args({"--preset", "405b-tp8", "--microbatches", "4", "--seed", "5"});
   EXPECT_EQ(s.trainer.shape.layers, 0) << "the layer count comes from the memory budget";
   EXPECT_EQ(s.trainer.microbatches, 4);
   EXPECT_EQ(s.flags.seed, 5u);
   EXPECT_FLOAT_EQ(s.trainer.optimizer.schedule.base_lr, static_cast<float>(8e-5 * 4 / 1152));
-  const Settings t = resolve_args({"--preset", "tiny", "--layers", "3", "--graphs", "full"});
+  const transformer::Settings t =
+      resolve_args({"--preset", "tiny", "--layers", "3", "--graphs", "full"});
   EXPECT_EQ(t.trainer.shape.layers, 3);
   EXPECT_EQ(t.trainer.mode, graphs::GraphMode::kFull);
   EXPECT_THROW(resolve_args({"--preset", "tiny", "--layers", "127"}), bench::UsageError);

@@ -1,0 +1,254 @@
+// workload_test_util.cpp: the shared checks of the transformer workloads' tests.
+#include "tests/workloads/workload_test_util.h"
+
+#include <cuda_bf16.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "common/data/batch_stream.h"
+#include "common/data/token_file.h"
+#include "tests/support/compare.h"
+
+namespace replay::test {
+
+using transformer::RunResult;
+using transformer::Settings;
+using transformer::Workload;
+
+bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+Outcome shell(const std::string& cmd) {
+  std::FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) return {-1, "popen failed: " + cmd};
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
+  const int raw = ::pclose(pipe);
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
+}
+
+Settings tiny_settings(const Workload& w, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--preset", "tiny", "--seed", "4242", "--log-interval", "4"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Settings s = resolve(w, *bench::parse_flags(w.tool, args, preset_names(w), "tiny"));
+  graphs::LrSchedule& sc = s.trainer.optimizer.schedule;
+  sc.base_lr = 1e-3f;
+  sc.min_lr = 1e-4f;
+  sc.warmup_steps = 2;
+  sc.total_steps = 1000;
+  s.trainer.measure_peak = false;  // the binary's test measures it; here it would only cost time
+  return s;
+}
+
+namespace {
+
+RunResult run_mode(const Workload& w, const std::string& mode,
+                   const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--graphs", mode, "--warmup", "2"};
+  if (mode != "none") args.push_back("--verify-graphs");
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run(w, tiny_settings(w, args), stdout);
+}
+
+void expect_identical(const RunResult& a, const RunResult& b, const std::string& what) {
+  const auto& la = a.report.losses;
+  const auto& lb = b.report.losses;
+  ASSERT_EQ(la.size(), lb.size()) << what;
+  EXPECT_TRUE(bit_equal(what + " losses", la.data(), lb.data(), la.size() * sizeof(float)));
+  EXPECT_EQ(*a.report.weights_hash, *b.report.weights_hash) << what << ": bf16 weights differ";
+  EXPECT_EQ(a.master_hash, b.master_hash) << what << ": fp32 master weights differ";
+}
+
+template <typename T>
+std::vector<T> download(const void* device, size_t count) {
+  std::vector<T> host(count);
+  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+// ||got - ref|| / ||ref|| with the worst element named.
+::testing::AssertionResult close_l2(const std::string& what, const std::vector<double>& got,
+                                    const std::vector<double>& ref, double tol) {
+  if (got.size() != ref.size()) return ::testing::AssertionFailure() << what << ": size mismatch";
+  double err = 0, norm = 0, worst = -1;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(got[i] - ref[i]);
+    err += e * e;
+    norm += ref[i] * ref[i];
+    if (!(e <= worst)) worst = e, at = i;
+  }
+  const double rel = std::sqrt(err) / std::max(std::sqrt(norm), 1e-30);
+  if (rel <= tol && std::isfinite(rel)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": relative L2 error " << rel << " > " << tol << "; worst [" << at << "] got "
+         << got[at] << " ref " << ref[at] << " (|ref| = " << std::sqrt(norm) << ")";
+}
+
+std::string temp_path(const Workload& w, const std::string& tag) {
+  return ::testing::TempDir() + w.name + "_" + tag + "_" + std::to_string(::getpid());
+}
+
+// A tiny run of the binary with a JSON summary and an mllog file.
+Outcome run_binary(const std::string& binary, const std::string& json, const std::string& mllog) {
+  return shell(std::string("'") + binary + "' --preset tiny --graphs layer --steps 5 --seed 3 " +
+               "--log-interval 2 --json '" + json + "' --mllog '" + mllog + "'");
+}
+
+}  // namespace
+
+void expect_modes_bit_identical_and_loss_falls(const Workload& w,
+                                               const std::vector<std::string>& args) {
+  const RunResult none = run_mode(w, "none", args);
+  const auto& losses = none.report.losses;
+  ASSERT_EQ(losses.size(), 12u);
+  for (float l : losses) ASSERT_TRUE(std::isfinite(l));
+  EXPECT_GT(losses.front(), 5.5f)
+      << "a fresh model predicts about uniformly over 512 tokens (ln 512 = 6.24)";
+  const double first = (losses[0] + losses[1] + losses[2]) / 3.0,
+               last = (losses[9] + losses[10] + losses[11]) / 3.0;
+  EXPECT_LT(last, first - 0.1) << "the loss did not fall: " << first << " -> " << last;
+  EXPECT_EQ(none.report.graph_count, 0);
+
+  const RunResult layer = run_mode(w, "layer", args);
+  expect_identical(none, layer, "layer vs none");
+  EXPECT_EQ(layer.report.graph_count, 4);  // forward and backward of 2 layers
+  const RunResult full = run_mode(w, "full", args);
+  expect_identical(none, full, "full vs none");
+  EXPECT_EQ(full.report.graph_count, 1);
+  EXPECT_GT(full.report.graph_nodes, layer.report.graph_nodes);
+}
+
+void expect_accumulation_bit_identical(const Workload& w, const std::vector<std::string>& args,
+                                       ModeRuns* runs) {
+  runs->none = run_mode(w, "none", args);
+  for (float l : runs->none.report.losses) ASSERT_TRUE(std::isfinite(l));
+  runs->full = run_mode(w, "full", args);
+  expect_identical(runs->none, runs->full, "full vs none, 2 micro-batches");
+  runs->layer = run_mode(w, "layer", args);
+  expect_identical(runs->none, runs->layer, "layer vs none, 2 micro-batches");
+}
+
+void expect_one_step_matches(const Settings& s, const ReferenceModel& ref) {
+  Context ctx;
+  GemmCache gemms(ctx);
+  AttentionCache attention;
+  transformer::Trainer trainer(ctx, s.trainer, gemms, attention);
+  trainer.allocate();
+  const transformer::TransformerShape& sh = s.trainer.shape;
+  data::BatchStream batches(data::TokenFile(data::ensure_dataset(transformer::dataset_params(sh)),
+                                            {sh.micro_batch, sh.seq, sh.padded_vocab()}),
+                            data::StreamOptions{});
+
+  const transformer::ParamStore& ps = trainer.model().params();
+  const auto weights =
+      download<__nv_bfloat16>(ps.weights().data, static_cast<size_t>(ps.buffer_numel()));
+  trainer.load_batch(batches);
+  trainer.step();
+  const bench::StepSample gpu = trainer.read(0);
+  ASSERT_EQ(cudaStreamSynchronize(trainer.stream()), cudaSuccess);
+  const auto M = static_cast<size_t>(sh.tokens());
+  const auto tokens = download<int32_t>(trainer.model().tokens(0), M);
+  const auto targets = download<int32_t>(trainer.model().targets(0), M);
+  const auto grads = download<float>(ps.grads().data, static_cast<size_t>(ps.buffer_numel()));
+  const auto dx0_gpu = download<__nv_bfloat16>(trainer.model().residual_grad().data, M * sh.hidden);
+
+  ASSERT_EQ(ps.count(), ref.count);
+  std::vector<std::vector<double>> p;
+  for (int id = 0; id < ps.count(); ++id) {
+    ASSERT_EQ(ps.numel(id), ref.sizes[static_cast<size_t>(id)]) << ps.spec(id).name;
+    ASSERT_EQ(ps.spec(id).name, ref.name(id));
+    std::vector<double> t(static_cast<size_t>(ps.numel(id)));
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = __bfloat162float(weights[static_cast<size_t>(ps.offset(id)) + i]);
+    p.push_back(std::move(t));
+  }
+  std::vector<std::vector<double>> g;
+  std::vector<double> dx0;
+  const double loss = ref.backward(std::move(p), tokens.data(), targets.data(), &g, &dx0);
+
+  EXPECT_NEAR(gpu.loss, loss, 1e-2) << "forward loss";
+  for (int id = 0; id < ps.count(); ++id) {
+    const auto off = static_cast<size_t>(ps.offset(id));
+    const std::vector<double> got(
+        grads.begin() + static_cast<std::ptrdiff_t>(off),
+        grads.begin() + static_cast<std::ptrdiff_t>(off + static_cast<size_t>(ps.numel(id))));
+    EXPECT_TRUE(close_l2("grad " + ps.spec(id).name, got, g[static_cast<size_t>(id)], 3e-2));
+  }
+  std::vector<double> dx0_got(dx0_gpu.size());
+  for (size_t i = 0; i < dx0_got.size(); ++i) dx0_got[i] = __bfloat162float(dx0_gpu[i]);
+  EXPECT_TRUE(close_l2("embedding-output gradient", dx0_got, dx0, 3e-2));
+}
+
+void expect_summary_and_mllog(const Workload& w, const std::string& binary,
+                              const std::function<void(const nlohmann::json& j)>& check_config) {
+  const std::string json = temp_path(w, "summary.json"), mllog = temp_path(w, "run.mllog");
+  const Outcome o = run_binary(binary, json, mllog);
+  ASSERT_EQ(o.status, 0) << o.output;
+  EXPECT_TRUE(has(o.output, "step      4/5")) << o.output;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["tool"], w.tool);
+  EXPECT_EQ(j["workload"], w.name);
+  EXPECT_EQ(j["preset"], "tiny");
+  EXPECT_EQ(j["graphs"], "layer");
+  EXPECT_EQ(j["config"]["layers"], 2);
+  EXPECT_EQ(j["config"]["seed"], 3);
+  EXPECT_EQ(j["config"]["vocab"], 512);
+  if (check_config) check_config(j);
+  EXPECT_EQ(j["tensor_parallel_collectives"], "none (tp 1)");
+  EXPECT_EQ(j["step_ms"]["count"], 5);
+  EXPECT_GT(j["step_ms"]["median"].get<double>(), 0.0);
+  EXPECT_GT(j["host_enqueue_us"]["median"].get<double>(), 0.0);
+  EXPECT_GT(j["throughput"]["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["peaks"]["bf16_gemm_tflops"].get<double>(), 50.0);
+  EXPECT_GT(j["mfu"].get<double>(), 0.0);
+  EXPECT_EQ(j["graphs_info"]["count"], 4);
+  EXPECT_GT(j["graphs_info"]["capture_ms"].get<double>(), 0.0);
+  EXPECT_GE(j["memory"]["peak_bytes"].get<int64_t>(), j["memory"]["arena_bytes"].get<int64_t>());
+  ASSERT_EQ(j["losses"].size(), 5u);
+  for (const auto& l : j["losses"]) EXPECT_TRUE(l.is_number());
+  EXPECT_EQ(j["loss_hash"].get<std::string>().size(), 16u);
+  EXPECT_TRUE(j["weights_hash"].is_string());
+  EXPECT_GT(j["loss_floor"].get<double>(), 0.0);
+
+  std::ifstream log(mllog);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(log, line);) lines.push_back(line);
+  ASSERT_FALSE(lines.empty());
+  for (const std::string& line : lines) EXPECT_EQ(line.rfind(":::MLLOG {", 0), 0u) << line;
+  EXPECT_TRUE(has(lines.front(), "\"cache_clear\""));
+  EXPECT_TRUE(has(lines.back(), "\"run_stop\"") && has(lines.back(), "\"success\""))
+      << lines.back();
+  std::remove(json.c_str());
+  std::remove(mllog.c_str());
+}
+
+void expect_mllog_passes_checker(const Workload& w, const std::string& binary,
+                                 const std::string& yaml) {
+  const std::string json = temp_path(w, "checked.json"), mllog = temp_path(w, "checked.mllog");
+  const Outcome o = run_binary(binary, json, mllog);
+  ASSERT_EQ(o.status, 0) << o.output;
+  const Outcome check = shell(std::string("bash '") + REPLAY_SOURCE_DIR +
+                              "/scripts/mlperf/check_mllog.sh' '" + mllog + "'");
+  std::remove(json.c_str());
+  if (check.status == 77) {
+    std::remove(mllog.c_str());
+    std::printf("SKIP: python3 with mlperf_logging is not importable (scripts/setup.sh)\n");
+    std::exit(77);
+  }
+  EXPECT_EQ(check.status, 0) << check.output;
+  EXPECT_TRUE(has(check.output, yaml)) << check.output;
+  std::remove(mllog.c_str());
+}
+
+}  // namespace replay::test

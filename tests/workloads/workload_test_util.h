@@ -1,0 +1,70 @@
+// workload_test_util.h: what the transformer workloads' tests share: running the executable, the
+// tiny preset in each graph mode with bit-identity checks, one GPU step against an fp64 CPU model,
+// and the executable's JSON summary and mllog checks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "workloads/transformer/workload.h"
+
+namespace replay::test {
+
+bool has(const std::string& text, const std::string& what);
+
+struct Outcome {
+  int status;          // exit status, -1 when the command did not exit normally
+  std::string output;  // stdout and stderr together
+};
+// Runs `cmd` through the shell with stderr folded into stdout.
+Outcome shell(const std::string& cmd);
+
+// The tiny preset with `extra` flags, seed 4242 and a learning rate that moves the tiny model
+// within a few steps (MLPerf's schedules would leave the loss flat); no peak measurement.
+transformer::Settings tiny_settings(const transformer::Workload& w,
+                                    const std::vector<std::string>& extra);
+
+// none, layer and full train `args` and give bit-identical losses, bf16 weights and fp32 master
+// weights, with the graph counts each mode implies (2 layers); the loss falls.
+void expect_modes_bit_identical_and_loss_falls(const transformer::Workload& w,
+                                               const std::vector<std::string>& args);
+
+// With `args` (two micro-batches) none, full and layer give bit-identical results; `full` and
+// `layer` are left in the runs for the caller's graph-count checks.
+struct ModeRuns {
+  transformer::RunResult none, full, layer;
+};
+void expect_accumulation_bit_identical(const transformer::Workload& w,
+                                       const std::vector<std::string>& args, ModeRuns* runs);
+
+// The fp64 CPU model of a shard: its parameter layout (ParamStore order) and one backward pass
+// (parameters in, loss out, every parameter's gradient and the embedding-output gradient filled).
+struct ReferenceModel {
+  int count;
+  std::vector<int64_t> sizes;
+  std::function<std::string(int id)> name;
+  std::function<double(std::vector<std::vector<double>> params, const int32_t* tokens,
+                       const int32_t* targets, std::vector<std::vector<double>>* grads,
+                       std::vector<double>* dx0)>
+      backward;
+};
+// One step of `s` on the GPU: its loss, every parameter gradient and the embedding-output gradient
+// match `ref` run on the same bf16 weights and batch.
+void expect_one_step_matches(const transformer::Settings& s, const ReferenceModel& ref);
+
+// A tiny run of `binary` writes a JSON summary with SCHEMA.md's fields and a complete mllog;
+// `check_config` adds the workload's own config checks.
+void expect_summary_and_mllog(const transformer::Workload& w, const std::string& binary,
+                              const std::function<void(const nlohmann::json& j)>& check_config);
+
+// The mllog of that run passes MLCommons' compliance checker with `yaml` (replay's shard rules);
+// exits 77 when the checker is not importable.
+void expect_mllog_passes_checker(const transformer::Workload& w, const std::string& binary,
+                                 const std::string& yaml);
+
+}  // namespace replay::test
