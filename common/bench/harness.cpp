@@ -131,6 +131,8 @@ std::optional<HarnessFlags> parse_flags(const std::string& tool, int argc, const
                  "hidden and attention dropout probability in [0, 1) (default: the preset's)")
       ->check(number_in(0.0, 1.0));
   app.add_option("--device", f.device, "CUDA device ordinal")->check(integer_in(0, 1023));
+  app.add_option("--inject", f.inject,
+                 "plant a CUDA-graph fault in the step (--inject help lists them)");
   try {
     app.parse(argc, const_cast<char**>(argv));
   } catch (const CLI::CallForHelp&) {
@@ -140,6 +142,18 @@ std::optional<HarnessFlags> parse_flags(const std::string& tool, int argc, const
     throw UsageError(std::string(e.what()) + " (run with --help for the flags)");
   }
   if (f.dropout == 1.0) throw UsageError("--dropout: must be below 1 (1 drops everything)");
+  if (!f.inject.empty()) {
+    const auto& faults = injectable_faults();
+    const bool known = std::any_of(faults.begin(), faults.end(),
+                                   [&](const FaultInfo& k) { return f.inject == k.name; });
+    if (!known) {
+      std::string list = describe_faults();
+      list.pop_back();  // run_main ends the line
+      throw UsageError((f.inject == "help" ? std::string("--inject: the faults it plants")
+                                           : "--inject: unknown fault '" + f.inject + "'") +
+                       " (one of):\n" + list);
+    }
+  }
   return f;
 }
 
@@ -151,6 +165,39 @@ std::optional<HarnessFlags> parse_flags(const std::string& tool,
   for (const std::string& a : args) argv.push_back(a.c_str());
   return parse_flags(tool, static_cast<int>(argv.size()), argv.data(), presets, default_preset,
                      out);
+}
+
+const std::vector<FaultInfo>& injectable_faults() {
+  static const std::vector<FaultInfo> faults = {
+      {"host-sync-in-capture",
+       "cudaStreamSynchronize inside the region: capture refused (error 900, host sync)"},
+      {"malloc-in-capture",
+       "cudaMalloc/cudaFree inside the region: capture refused (error 900, memory allocation)"},
+      {"scalar-by-value",
+       "a host step counter passed to a kernel by value: frozen at capture, --verify-graphs names "
+       "the output"},
+      {"rng-by-value",
+       "a random op given its Philox seed/offset by value: every replay draws the same numbers, "
+       "--verify-graphs names the output"},
+      {"stale-input",
+       "the region's input re-pointed after capture: the argument check names region and argument"},
+      {"unjoined-stream",
+       "a side stream forked inside the region and never joined: capture refused (error 904)"},
+      {"legacy-stream",
+       "a kernel on the legacy default stream: runs at capture, missing from the graph, "
+       "--verify-graphs names the output"},
+  };
+  return faults;
+}
+
+std::string describe_faults() {
+  std::string text;
+  for (const FaultInfo& f : injectable_faults()) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-22s %s\n", f.name, f.what);
+    text += line;
+  }
+  return text;
 }
 
 uint64_t seed_from_clock() {
@@ -173,6 +220,7 @@ std::string describe(const HarnessFlags& f) {
      << "\n# host_delay_us: " << f.host_delay_us << "\n# log_interval: " << f.log_interval
      << "\n# layers: " << f.layers << "\n# microbatches: " << f.microbatches
      << "\n# dropout: " << f.dropout << "\n# device: " << f.device << "\n";
+  if (!f.inject.empty()) os << "# inject: " << f.inject << "\n";
   return os.str();
 }
 

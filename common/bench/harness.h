@@ -63,7 +63,20 @@ struct HarnessFlags {
   int microbatches = 1;         // gradient-accumulation micro-batches per step
   double dropout = NAN;         // NaN: the preset's (MLPerf: 0)
   int device = 0;               // CUDA device ordinal
+  std::string inject;           // a planted fault (injectable_faults()); empty: none
 };
+
+// ---- Fault injection (--inject) ----
+
+// A fault a workload can plant in its step (--inject; exercises/README.md).
+struct FaultInfo {
+  const char* name;  // the --inject value: "host-sync-in-capture"
+  const char* what;  // one line: the bug it plants and who detects it
+};
+// Every fault --inject accepts, in the order --inject help lists them.
+const std::vector<FaultInfo>& injectable_faults();
+// The faults, one "  name  what" line each (`--inject help`, and a bad value's error).
+std::string describe_faults();
 
 // Parses the shared flags. Returns nothing when --help was printed to `out`. Throws UsageError,
 // naming the flag, for an unknown flag, a malformed or out-of-range value, or an unknown preset.

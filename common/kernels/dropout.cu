@@ -39,35 +39,9 @@ constexpr int kBwdRowBatch = 4;
 constexpr int kMinBlocksPerSM = 4;
 constexpr int kBwdMaxBlocks = 1024;  // bounds the dbias partials: groups <= 1024 / column tiles
 
-// Philox4x32-10 for one launch: the key schedule and counter position are the same for every
-// draw, so they are expanded once. draw(block) gives the numbers philox_block(seed, position,
-// block) of philox.h gives, with the 32x32 -> 64-bit products written as __umulhi and a low
-// multiply: one IMAD.WIDE per product, where the 64-bit product of philox.h leaves an extra integer
-// add per product in the SASS, a third more issue slots in kernels bound by this arithmetic.
-struct Philox {
-  uint32_t k0[10], k1[10];  // round keys (uniform across the grid: they live in uniform registers)
-  uint32_t pos_lo, pos_hi;
-
-  __device__ __forceinline__ Philox(uint64_t seed, uint64_t position)
-      : pos_lo(static_cast<uint32_t>(position)), pos_hi(static_cast<uint32_t>(position >> 32)) {
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-      k0[r] = static_cast<uint32_t>(seed) + r * 0x9E3779B9u;
-      k1[r] = static_cast<uint32_t>(seed >> 32) + r * 0xBB67AE85u;
-    }
-  }
-
-  __device__ __forceinline__ Philox4 draw(uint64_t block) const {
-    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-    Philox4 c{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), pos_lo, pos_hi};
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-      const uint32_t hi0 = __umulhi(kM0, c.x), lo0 = kM0 * c.x;
-      const uint32_t hi1 = __umulhi(kM1, c.z), lo1 = kM1 * c.z;
-      c = Philox4{hi1 ^ c.y ^ k0[r], lo1, hi0 ^ c.w ^ k1[r], lo0};
-    }
-    return c;
-  }
+// The launch's Philox stream (philox.h) and the keep bits of 8 consecutive elements.
+struct Philox : PhiloxStream {
+  using PhiloxStream::PhiloxStream;
 
   // Keep bits of the 8 elements e0 .. e0 + 7 (e0 a multiple of 8): bit j is element e0 + j.
   __device__ __forceinline__ uint32_t keep_bits(int64_t e0, uint32_t threshold) const {

@@ -48,6 +48,8 @@ void Trainer::allocate() {
   rng_->add_parallel_streams(config_.seed, 0, 0, 0);  // this process is rank 0 of every group
   model_->register_rng(*rng_);
   rng_->initialize(s);
+  if (config_.fault != Fault::kNone)
+    injector_ = std::make_unique<FaultInjector>(config_.fault, config_.seed);
   readback_ = std::make_unique<graphs::ReadbackRing>(
       kReadbackSlots, &scalars_->iteration,
       std::vector<graphs::ReadbackField>{
@@ -65,18 +67,36 @@ void Trainer::build_step_plan() {
   step_plan_ = std::make_unique<graphs::StepPlan>("step", options);
   Transformer& m = *model_;
 
+  // Every region runs inside an NVTX range and names itself in the errors it raises (a capture
+  // that a region's call refuses then says which region, in full mode too). The planted fault of
+  // --inject, when there is one, goes at the end of FaultInjector::kRegion, with its arguments.
+  FaultInjector* inject = injector_.get();
   auto region = [&](const std::string& name, graphs::RegionKind kind,
                     std::function<void(cudaStream_t)> work,
                     std::function<graphs::RegionArgs()> args) {
+    const bool planted =
+        inject != nullptr && (name == FaultInjector::kRegion ||
+                              name == std::string("mb0.") + FaultInjector::kRegion);
     graphs::Region r;
     r.name = name;
     r.kind = kind;
-    r.enqueue = [name, work = std::move(work)](cudaStream_t s, const graphs::RegionArgs&) {
+    r.enqueue = [name, planted, inject, work = std::move(work)](cudaStream_t s,
+                                                                const graphs::RegionArgs& a) {
       nvtxRangePushA(name.c_str());
-      work(s);
+      try {
+        work(s);
+        if (planted) inject->enqueue(s, a);
+      } catch (const Error& e) {
+        nvtxRangePop();
+        throw Error(e.library(), e.status(), "region '" + name + "': " + e.what());
+      }
       nvtxRangePop();
     };
-    r.args = std::move(args);
+    r.args = [planted, inject, args = std::move(args)] {
+      graphs::RegionArgs a = args();
+      if (planted) inject->add_args(a);
+      return a;
+    };
     step_plan_->add_region(std::move(r));
   };
   using graphs::RegionKind;

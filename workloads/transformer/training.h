@@ -31,6 +31,7 @@
 #include "graphs/rng.h"
 #include "graphs/step_plan.h"
 #include "graphs/syncfree.h"
+#include "workloads/transformer/faults.h"
 #include "workloads/transformer/model.h"
 #include "workloads/transformer/shape.h"
 
@@ -50,6 +51,7 @@ struct TrainerConfig {
   int warmup = 3;            // neutral warm-up steps before step 0 (undone)
   uint64_t seed = 1;         // weights, dropout
   bool measure_peak = true;  // measure the bf16 GEMM peak at allocate() (its buffers share memory)
+  Fault fault = Fault::kNone;  // --inject: a bug planted in FaultInjector::kRegion (faults.h)
 };
 
 class Trainer {
@@ -118,6 +120,7 @@ class Trainer {
   graphs::StepScalars* scalars_ = nullptr;
   std::unique_ptr<graphs::RngTracker> rng_;
   std::unique_ptr<graphs::ReadbackRing> readback_;
+  std::unique_ptr<FaultInjector> injector_;  // --inject only
   std::unique_ptr<graphs::StepPlan> step_plan_;
 };
 

@@ -84,6 +84,7 @@ Settings resolve(const Workload& w, bench::HarnessFlags f) {
   s.trainer.mode = graphs::parse_graph_mode(f.graphs);
   s.trainer.warmup = f.warmup;
   s.trainer.seed = f.seed;
+  s.trainer.fault = parse_fault(f.inject);
   s.flags = f;
   return s;
 }

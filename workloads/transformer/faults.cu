@@ -1,0 +1,131 @@
+// faults.cu: the planted faults of --inject and their one-block kernels.
+#include "workloads/transformer/faults.h"
+
+#include "common/bench/harness.h"
+#include "common/check.h"
+#include "common/philox.h"
+
+namespace replay::transformer {
+
+namespace {
+
+constexpr int kProbe = 4;  // floats the planted kernels write
+
+// probe = value, broadcast: what a kernel that takes a changing scalar by value records.
+__global__ void fault_store_value_kernel(float* probe, float value) {
+  if (threadIdx.x < kProbe) probe[threadIdx.x] = value;
+}
+
+// probe = four uniforms drawn at (seed, offset), both passed by value.
+__global__ void fault_draw_kernel(float* probe, uint64_t seed, uint64_t offset) {
+  if (threadIdx.x == 0) {
+    const Philox4 r = philox_block(seed, offset, 0);
+    probe[0] = philox_uniform(r.x), probe[1] = philox_uniform(r.y);
+    probe[2] = philox_uniform(r.z), probe[3] = philox_uniform(r.w);
+  }
+}
+
+// probe = input + 1.
+__global__ void fault_copy_kernel(float* probe, const float* input) {
+  if (threadIdx.x < kProbe) probe[threadIdx.x] = input[threadIdx.x] + 1.0f;
+}
+
+// probe += 1: visible only where the kernel really ran.
+__global__ void fault_count_kernel(float* probe) {
+  if (threadIdx.x < kProbe) probe[threadIdx.x] += 1.0f;
+}
+
+}  // namespace
+
+Fault parse_fault(const std::string& name) {
+  if (name.empty()) return Fault::kNone;
+  if (name == "host-sync-in-capture") return Fault::kHostSync;
+  if (name == "malloc-in-capture") return Fault::kMalloc;
+  if (name == "scalar-by-value") return Fault::kScalarByValue;
+  if (name == "rng-by-value") return Fault::kRngByValue;
+  if (name == "stale-input") return Fault::kStaleInput;
+  if (name == "unjoined-stream") return Fault::kUnjoinedStream;
+  if (name == "legacy-stream") return Fault::kLegacyStream;
+  throw Error("replay", "invalid argument",
+              "--inject: unknown fault '" + name + "' (one of):\n" + bench::describe_faults());
+}
+
+FaultInjector::FaultInjector(Fault fault, uint64_t seed) : fault_(fault), seed_(seed) {
+  REPLAY_CUDA_CHECK(cudaMalloc(&buffers_, 3 * kProbe * sizeof(float)));
+  // Probe 0; both inputs the same bytes, so reading either gives the same result.
+  REPLAY_CUDA_CHECK(cudaMemset(buffers_, 0, 3 * kProbe * sizeof(float)));
+  if (fault_ == Fault::kUnjoinedStream) {
+    REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  }
+  REPLAY_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+FaultInjector::~FaultInjector() {
+  if (fork_) cudaEventDestroy(fork_);
+  if (side_) cudaStreamDestroy(side_);
+  if (buffers_) cudaFree(buffers_);
+}
+
+void FaultInjector::add_args(graphs::RegionArgs& args) {
+  if (fault_ == Fault::kNone) return;
+  args.write("fault.probe", TensorView(buffers_, DType::kFP32, {kProbe}));
+  if (fault_ == Fault::kStaleInput) {
+    // The bug: a new buffer every call (as a loader handing out fresh tensors), where a graph keeps
+    // the one it was captured with.
+    float* input = buffers_ + kProbe * (1 + args_calls_ % 2);
+    args_calls_ += 1;
+    args.read("fault.input", TensorView(input, DType::kFP32, {kProbe}));
+  }
+}
+
+void FaultInjector::enqueue(cudaStream_t stream, const graphs::RegionArgs& args) {
+  float* probe = buffers_;
+  switch (fault_) {
+    case Fault::kNone:
+      return;
+    case Fault::kHostSync:
+      // Harmless eagerly (a stall); forbidden while capturing.
+      REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return;
+    case Fault::kMalloc: {
+      void* scratch = nullptr;
+      REPLAY_CUDA_CHECK(cudaMalloc(&scratch, 256));
+      REPLAY_CUDA_CHECK(cudaFree(scratch));
+      return;
+    }
+    case Fault::kScalarByValue:
+      // The host's own count of steps, baked into the launch: a graph replays the captured one.
+      host_counter_ += 1;
+      fault_store_value_kernel<<<1, 32, 0, stream>>>(probe, static_cast<float>(host_counter_));
+      REPLAY_LAUNCH_CHECK();
+      return;
+    case Fault::kRngByValue:
+      // The offset advances on the host; a graph replays the draw it captured.
+      host_counter_ += 1;
+      fault_draw_kernel<<<1, 32, 0, stream>>>(probe, seed_, static_cast<uint64_t>(host_counter_));
+      REPLAY_LAUNCH_CHECK();
+      return;
+    case Fault::kStaleInput:
+      // Reads the input it is given now; a graph reads the one it was captured with.
+      fault_copy_kernel<<<1, 32, 0, stream>>>(probe,
+                                              static_cast<const float*>(args["fault.input"].data));
+      REPLAY_LAUNCH_CHECK();
+      return;
+    case Fault::kUnjoinedStream:
+      // Forked correctly, never joined back into `stream`.
+      REPLAY_CUDA_CHECK(cudaEventRecord(fork_, stream));
+      REPLAY_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+      fault_count_kernel<<<1, 32, 0, side_>>>(probe);
+      REPLAY_LAUNCH_CHECK();
+      return;
+    case Fault::kLegacyStream:
+      // Stream 0 instead of `stream`: unordered with the region eagerly; with a non-blocking
+      // capture stream it runs once at capture and is not in the graph.
+      fault_count_kernel<<<1, 32, 0, cudaStreamLegacy>>>(probe);
+      REPLAY_LAUNCH_CHECK();
+      return;
+  }
+}
+
+}  // namespace replay::transformer
