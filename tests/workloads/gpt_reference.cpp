@@ -1,21 +1,13 @@
 // gpt_reference.cpp: the fp64 GPT shard, forward and backward, from common/reference's ops.
 #include "tests/workloads/gpt_reference.h"
 
-#include <cmath>
-#include <random>
-
-#include "common/check.h"
-#include "common/gemm.h"
-#include "common/reference/attention.h"
 #include "common/reference/gemm.h"
 #include "common/reference/pointwise.h"
-#include "common/reference/training.h"
+#include "tests/workloads/reference_util.h"
 
 namespace replay::test {
 
 namespace {
-
-using Vec = std::vector<double>;
 
 struct LayerCache {
   Vec x, mean1, rstd1, h1, q, k, v, o, lse, x_mid, mean2, rstd2, h2, act, preact;
@@ -24,28 +16,8 @@ struct LayerCache {
 struct Cache {
   std::vector<LayerCache> layers;
   Vec x_final, meanf, rstdf, hf, logits;
-  std::vector<ref::CrossEntropyRowStats> stats;
-  int64_t count = 0;
-  double loss = 0;
+  CrossEntropy ce;
 };
-
-// D = epilogue(A op B) for one of a linear layer's GEMMs (gemm.h's linear_gemms), into a fresh
-// vector.
-Vec run_gemm(const GemmDesc& g, const Vec& a, const Vec& b, const double* bias = nullptr,
-             const double* aux_in = nullptr, double* aux_out = nullptr,
-             double* bias_grad = nullptr) {
-  Vec d(static_cast<size_t>(g.m * g.n));
-  ref::GemmRefArgs args;
-  args.a = a.data();
-  args.b = b.data();
-  args.bias = bias;
-  args.aux_in = aux_in;
-  args.d = d.data();
-  args.aux_out = aux_out;
-  args.bias_grad = bias_grad;
-  ref::gemm(g, args);
-  return d;
-}
 
 // out = residual + x + bias (the bias-dropout-residual kernel with p = 0).
 Vec add_residual(const Vec& residual, const Vec& x, const Vec& bias, int64_t C) {
@@ -62,24 +34,11 @@ Vec column_sums(const Vec& x, int64_t C) {
 }
 
 reference::AttentionShape attention_shape(const GptDims& d) {
-  reference::AttentionShape s;
-  s.batch = d.batch;
-  s.heads_q = s.heads_kv = d.heads;
-  s.seq_q = s.seq_kv = d.seq;
-  s.dim_qk = s.dim_v = d.head_dim;
-  s.causal = true;
-  s.scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
-  return s;
+  return causal_attention_shape(d.batch, d.seq, d.heads, d.heads, d.head_dim);
 }
 
 ref::EmbeddingDims embedding_dims(const GptDims& d) {
-  ref::EmbeddingDims e;
-  e.batch = d.batch;
-  e.seq = d.seq;
-  e.channels = d.hidden;
-  e.vocab_start = 0;
-  e.vocab_shard = d.vocab;
-  return e;
+  return test::embedding_dims(d.batch, d.seq, d.hidden, d.vocab);
 }
 
 Cache forward(const GptDims& d, const GptParams& p, const int32_t* tokens, const int32_t* targets) {
@@ -128,10 +87,7 @@ Cache forward(const GptDims& d, const GptParams& p, const int32_t* tokens, const
                          P(GptParams::lnf_weight(d)).data(), P(GptParams::lnf_bias(d)).data(), M,
                          iC, d.eps);
   c.logits = run_gemm(linear_gemms(M, C, V, false, false).forward, c.hf, P(GptParams::wte()));
-  c.stats.resize(static_cast<size_t>(M));
-  ref::cross_entropy_stats(c.stats.data(), c.logits.data(), targets, M, V, 0);
-  Vec row_loss(static_cast<size_t>(M));
-  c.loss = ref::cross_entropy_loss(row_loss.data(), &c.count, c.stats.data(), targets, M);
+  c.ce = cross_entropy(c.logits, targets, M, V);
   return c;
 }
 
@@ -163,25 +119,15 @@ std::vector<int64_t> GptParams::sizes(const GptDims& d) {
 }
 
 GptParams random_params(const GptDims& d, uint64_t seed, double stddev) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, stddev);
   GptParams p;
-  const std::vector<int64_t> sizes = GptParams::sizes(d);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const std::string n = GptParams::name(d, static_cast<int>(i));
-    const bool norm_weight =
-        n.find("ln") != std::string::npos || n.find("final_norm") != std::string::npos;
-    const bool is_weight = n.size() >= 6 && n.compare(n.size() - 6, 6, "weight") == 0;
-    Vec t(static_cast<size_t>(sizes[i]));
-    for (double& x : t) x = (norm_weight && is_weight ? 1.0 : 0.0) + normal(rng);
-    p.t.push_back(std::move(t));
-  }
+  p.t = random_tensors(
+      GptParams::sizes(d), [&](int i) { return GptParams::name(d, i); }, seed, stddev);
   return p;
 }
 
 double gpt_loss(const GptDims& d, const GptParams& p, const int32_t* tokens,
                 const int32_t* targets) {
-  return forward(d, p, tokens, targets).loss;
+  return forward(d, p, tokens, targets).ce.loss;
 }
 
 double gpt_backward(const GptDims& d, const GptParams& p, const int32_t* tokens,
@@ -190,14 +136,11 @@ double gpt_backward(const GptDims& d, const GptParams& p, const int32_t* tokens,
   const int iC = static_cast<int>(C);
   const Cache c = forward(d, p, tokens, targets);
   auto P = [&](int i) -> const Vec& { return p.t.at(static_cast<size_t>(i)); };
-  grads->t.assign(p.t.size(), Vec());
-  for (size_t i = 0; i < p.t.size(); ++i) grads->t[i].assign(p.t[i].size(), 0.0);
+  grads->t = zeros_like(p.t);
   auto Gr = [&](int i) -> Vec& { return grads->t.at(static_cast<size_t>(i)); };
 
   // Head: cross-entropy, tied LM head dgrad, final norm.
-  Vec dlogits(c.logits.size());
-  ref::cross_entropy_backward(dlogits.data(), c.logits.data(), c.stats.data(), targets, c.count,
-                              1.0, M, V, 0);
+  const Vec dlogits = cross_entropy_dlogits(c.ce, c.logits, targets, M, V);
   const LinearGemms head = linear_gemms(M, C, V, false, true);
   const Vec dhf = run_gemm(head.dgrad, dlogits, P(GptParams::wte()));
   Vec G(static_cast<size_t>(M * C));
@@ -258,7 +201,7 @@ double gpt_backward(const GptDims& d, const GptParams& p, const int32_t* tokens,
   args.c = Gr(GptParams::wte()).data();
   args.d = Gr(GptParams::wte()).data();
   ref::gemm(head.wgrad, args);
-  return c.loss;
+  return c.ce.loss;
 }
 
 }  // namespace replay::test

@@ -1,20 +1,12 @@
 // llama_reference.cpp: the fp64 Llama shard, forward and backward, from common/reference's ops.
 #include "tests/workloads/llama_reference.h"
 
-#include <cmath>
-#include <random>
-
-#include "common/gemm.h"
-#include "common/reference/attention.h"
-#include "common/reference/gemm.h"
 #include "common/reference/pointwise.h"
-#include "common/reference/training.h"
+#include "tests/workloads/reference_util.h"
 
 namespace replay::test {
 
 namespace {
-
-using Vec = std::vector<double>;
 
 struct LayerCache {
   Vec x, rstd1, h1, q, k, v, o, lse, x_mid, rstd2, h2, pre, act;  // q and k after the rotation
@@ -23,22 +15,8 @@ struct LayerCache {
 struct Cache {
   std::vector<LayerCache> layers;
   Vec x_final, rstdf, hf, logits;
-  std::vector<ref::CrossEntropyRowStats> stats;
-  int64_t count = 0;
-  double loss = 0;
+  CrossEntropy ce;
 };
-
-// D = A op B for one of a linear layer's GEMMs (gemm.h's linear_gemms, no bias), into a fresh
-// vector.
-Vec run_gemm(const GemmDesc& g, const Vec& a, const Vec& b) {
-  Vec d(static_cast<size_t>(g.m * g.n));
-  ref::GemmRefArgs args;
-  args.a = a.data();
-  args.b = b.data();
-  args.d = d.data();
-  ref::gemm(g, args);
-  return d;
-}
 
 Vec add(const Vec& a, const Vec& b) {
   Vec out(a.size());
@@ -47,15 +25,7 @@ Vec add(const Vec& a, const Vec& b) {
 }
 
 reference::AttentionShape attention_shape(const LlamaDims& d) {
-  reference::AttentionShape s;
-  s.batch = d.batch;
-  s.heads_q = d.heads;
-  s.heads_kv = d.heads_kv;
-  s.seq_q = s.seq_kv = d.seq;
-  s.dim_qk = s.dim_v = d.head_dim;
-  s.causal = true;
-  s.scale = 1.0 / std::sqrt(static_cast<double>(d.head_dim));
-  return s;
+  return causal_attention_shape(d.batch, d.seq, d.heads, d.heads_kv, d.head_dim);
 }
 
 RopeLayout rope_layout(const LlamaDims& d, int64_t heads) {
@@ -74,13 +44,7 @@ Vec rope_freqs(const LlamaDims& d) {
 }
 
 ref::EmbeddingDims embedding_dims(const LlamaDims& d) {
-  ref::EmbeddingDims e;
-  e.batch = d.batch;
-  e.seq = d.seq;
-  e.channels = d.hidden;
-  e.vocab_start = 0;
-  e.vocab_shard = d.vocab;
-  return e;
+  return test::embedding_dims(d.batch, d.seq, d.hidden, d.vocab);
 }
 
 // Columns [begin, begin + width) of every row of x [rows, stride].
@@ -135,10 +99,7 @@ Cache forward(const LlamaDims& d, const LlamaParams& p, const int32_t* tokens,
                        M, iC, d.eps);
   c.logits =
       run_gemm(linear_gemms(M, C, V, false, false).forward, c.hf, P(LlamaParams::lm_head(d)));
-  c.stats.resize(static_cast<size_t>(M));
-  ref::cross_entropy_stats(c.stats.data(), c.logits.data(), targets, M, V, 0);
-  Vec row_loss(static_cast<size_t>(M));
-  c.loss = ref::cross_entropy_loss(row_loss.data(), &c.count, c.stats.data(), targets, M);
+  c.ce = cross_entropy(c.logits, targets, M, V);
   return c;
 }
 
@@ -167,24 +128,15 @@ std::vector<int64_t> LlamaParams::sizes(const LlamaDims& d) {
 }
 
 LlamaParams random_params(const LlamaDims& d, uint64_t seed, double stddev) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, stddev);
   LlamaParams p;
-  const std::vector<int64_t> sizes = LlamaParams::sizes(d);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const std::string n = LlamaParams::name(d, static_cast<int>(i));
-    const bool norm =
-        n.find("ln") != std::string::npos || n.find("final_norm") != std::string::npos;
-    Vec t(static_cast<size_t>(sizes[i]));
-    for (double& x : t) x = (norm ? 1.0 : 0.0) + normal(rng);
-    p.t.push_back(std::move(t));
-  }
+  p.t = random_tensors(
+      LlamaParams::sizes(d), [&](int i) { return LlamaParams::name(d, i); }, seed, stddev);
   return p;
 }
 
 double llama_loss(const LlamaDims& d, const LlamaParams& p, const int32_t* tokens,
                   const int32_t* targets) {
-  return forward(d, p, tokens, targets).loss;
+  return forward(d, p, tokens, targets).ce.loss;
 }
 
 double llama_backward(const LlamaDims& d, const LlamaParams& p, const int32_t* tokens,
@@ -195,14 +147,11 @@ double llama_backward(const LlamaDims& d, const LlamaParams& p, const int32_t* t
   const Vec freqs = rope_freqs(d);
   const Cache c = forward(d, p, tokens, targets);
   auto P = [&](int i) -> const Vec& { return p.t.at(static_cast<size_t>(i)); };
-  grads->t.assign(p.t.size(), Vec());
-  for (size_t i = 0; i < p.t.size(); ++i) grads->t[i].assign(p.t[i].size(), 0.0);
+  grads->t = zeros_like(p.t);
   auto Gr = [&](int i) -> Vec& { return grads->t.at(static_cast<size_t>(i)); };
 
   // Head: cross-entropy, the untied LM head, the final norm.
-  Vec dlogits(c.logits.size());
-  ref::cross_entropy_backward(dlogits.data(), c.logits.data(), c.stats.data(), targets, c.count,
-                              1.0, M, V, 0);
+  const Vec dlogits = cross_entropy_dlogits(c.ce, c.logits, targets, M, V);
   const LinearGemms head = linear_gemms(M, C, V, false, false);
   Gr(LlamaParams::lm_head(d)) = run_gemm(head.wgrad, dlogits, c.hf);
   const Vec dhf = run_gemm(head.dgrad, dlogits, P(LlamaParams::lm_head(d)));
@@ -257,7 +206,7 @@ double llama_backward(const LlamaDims& d, const LlamaParams& p, const int32_t* t
   if (dx0 != nullptr) *dx0 = G;
   ref::embedding_backward(Gr(LlamaParams::wte()).data(), nullptr, G.data(), tokens,
                           embedding_dims(d), false);
-  return c.loss;
+  return c.ce.loss;
 }
 
 }  // namespace replay::test

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "tests/workloads/gpt_reference.h"
+#include "tests/workloads/reference_util.h"
 
 namespace replay::test {
 namespace {
@@ -27,14 +27,6 @@ GptDims tiny_dims() {
   return d;
 }
 
-std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = pick(rng);
-  return t;
-}
-
 TEST(GptReference, GradientsMatchFiniteDifferences) {
   const GptDims d = tiny_dims();
   GptParams p = random_params(d, 7, 0.3);
@@ -49,27 +41,9 @@ TEST(GptReference, GradientsMatchFiniteDifferences) {
   EXPECT_DOUBLE_EQ(loss, gpt_loss(d, p, tokens.data(), targets.data()));
   ASSERT_EQ(dx0.size(), static_cast<size_t>(d.tokens() * d.hidden));
 
-  const double h = 1e-5;
-  std::mt19937_64 rng(99);
-  int checked = 0;
-  for (int i = 0; i < GptParams::count(d); ++i) {
-    std::vector<double>& t = p.t[static_cast<size_t>(i)];
-    const size_t n = t.size();
-    std::vector<size_t> picks = {0, n / 2, n - 1, rng() % n, rng() % n};
-    for (size_t idx : picks) {
-      const double saved = t[idx];
-      t[idx] = saved + h;
-      const double up = gpt_loss(d, p, tokens.data(), targets.data());
-      t[idx] = saved - h;
-      const double down = gpt_loss(d, p, tokens.data(), targets.data());
-      t[idx] = saved;
-      const double fd = (up - down) / (2 * h);
-      const double an = g.t[static_cast<size_t>(i)][idx];
-      EXPECT_NEAR(an, fd, 1e-7 + 1e-5 * std::fabs(fd))
-          << GptParams::name(d, i) << "[" << idx << "]";
-      ++checked;
-    }
-  }
+  const int checked = expect_gradients_match_finite_differences(
+      &p.t, g.t, [&] { return gpt_loss(d, p, tokens.data(), targets.data()); },
+      [&](int i) { return GptParams::name(d, i); }, /*require_nonzero=*/false);
   EXPECT_EQ(checked, 5 * GptParams::count(d));
 }
 

@@ -6,12 +6,11 @@
 // with each shared k and v weight row's gradient the sum over the query heads it serves.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "tests/workloads/llama_reference.h"
+#include "tests/workloads/reference_util.h"
 
 namespace replay::test {
 namespace {
@@ -31,14 +30,6 @@ LlamaDims tiny_dims() {
   return d;
 }
 
-std::vector<int32_t> random_tokens(size_t n, int32_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = pick(rng);
-  return t;
-}
-
 TEST(LlamaReference, GradientsMatchFiniteDifferences) {
   const LlamaDims d = tiny_dims();
   LlamaParams p = random_params(d, 7, 0.3);
@@ -53,30 +44,9 @@ TEST(LlamaReference, GradientsMatchFiniteDifferences) {
   EXPECT_DOUBLE_EQ(loss, llama_loss(d, p, tokens.data(), targets.data()));
   ASSERT_EQ(dx0.size(), static_cast<size_t>(d.tokens() * d.hidden));
 
-  const double h = 1e-5;
-  std::mt19937_64 rng(99);
-  int checked = 0;
-  for (int i = 0; i < LlamaParams::count(d); ++i) {
-    std::vector<double>& t = p.t[static_cast<size_t>(i)];
-    const size_t n = t.size();
-    std::vector<size_t> picks = {0, n / 2, n - 1, rng() % n, rng() % n};
-    double largest = 0;
-    for (size_t idx : picks) {
-      const double saved = t[idx];
-      t[idx] = saved + h;
-      const double up = llama_loss(d, p, tokens.data(), targets.data());
-      t[idx] = saved - h;
-      const double down = llama_loss(d, p, tokens.data(), targets.data());
-      t[idx] = saved;
-      const double fd = (up - down) / (2 * h);
-      const double an = g.t[static_cast<size_t>(i)][idx];
-      EXPECT_NEAR(an, fd, 1e-7 + 1e-5 * std::fabs(fd))
-          << LlamaParams::name(d, i) << "[" << idx << "]";
-      largest = std::max(largest, std::fabs(an));
-      ++checked;
-    }
-    EXPECT_GT(largest, 1e-8) << LlamaParams::name(d, i) << ": a sample of all-zero gradients";
-  }
+  const int checked = expect_gradients_match_finite_differences(
+      &p.t, g.t, [&] { return llama_loss(d, p, tokens.data(), targets.data()); },
+      [&](int i) { return LlamaParams::name(d, i); }, /*require_nonzero=*/true);
   EXPECT_EQ(checked, 5 * LlamaParams::count(d));
 }
 
