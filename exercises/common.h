@@ -121,10 +121,14 @@ float time_ms(cudaStream_t stream, int iters, F enqueue) {
 }
 
 // Busy-waits about `cycles` SM clock cycles: a kernel of known duration (about 1 ms per 1.8e6).
-__global__ void spin_kernel(long long cycles) {
+__device__ __forceinline__ void spin_kernel_body(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
   }
+}
+
+__global__ void spin_kernel(long long cycles) {
+  spin_kernel_body(cycles);
 }
 
 // How a child process ended.

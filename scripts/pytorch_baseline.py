@@ -2,7 +2,7 @@
 """pytorch_baseline.py: runs with PyTorch what replay's benchmarks run, under the same names, shapes and
 FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two side by side.
 
-    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--only REGEX]
+    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--lead-ms 50] [--only REGEX]
     python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
         [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--data tokens.h5]
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
@@ -518,11 +518,14 @@ class Timer:
 
     Before the timed calls a sleep kernel holds the GPU while the host enqueues them all, so host launch
     gaps (Python, autograd) fall outside the events and the times are GPU time, as replay's C++ tools see
-    it. The sleep is sized from the host time of the warm-up calls after the first (which builds plans)."""
+    it. The sleep is sized from the host time of the warm-up calls after the first (which builds plans),
+    and lasts at least lead_ms: replay-ops --lead-ms idles the GPU for the same time before each series,
+    so that both tools' timed calls start from the same clocks (a GPU fresh from dense GEMMs sits at its
+    power limit)."""
 
-    def __init__(self, warmup, repeats):
+    def __init__(self, warmup, repeats, lead_ms=0.0):
         import torch
-        self.warmup, self.repeats = warmup, repeats
+        self.warmup, self.repeats, self.lead_ms = warmup, repeats, lead_ms
         self.cycles_per_ms = None
         if hasattr(torch.cuda, "_sleep"):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -548,8 +551,10 @@ class Timer:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(self.repeats)]
         if self.cycles_per_ms:
-            lead_ms = min(1.0 + 1.25 * host_ms_per_call * self.repeats, 2000.0)
+            lead_ms = max(self.lead_ms, min(1.0 + 1.25 * host_ms_per_call * self.repeats, 2000.0))
             torch.cuda._sleep(int(lead_ms * self.cycles_per_ms))
+        elif self.lead_ms:
+            time.sleep(self.lead_ms / 1e3)  # the GPU is drained: it idles
         for start, end in events:
             start.record()
             fn()
@@ -748,7 +753,7 @@ def cmd_ops(args):
     progress(f"pytorch_baseline ops: torch {env['torch']}, {env['gpu']}, CUDA {env['cuda_runtime']}, "
              f"cuDNN {env['cudnn']}; warmup {args.warmup}, repeats {args.repeats}, {len(specs)} ops")
     progress("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    timer = Timer(args.warmup, args.repeats)
+    timer = Timer(args.warmup, args.repeats, args.lead_ms)
     peaks = measure_peaks(timer)
     progress(f"peaks: bf16 GEMM {peaks['bf16_gemm_tflops']:.1f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
 
@@ -786,7 +791,7 @@ def cmd_ops(args):
         "version": torch.__version__,
         "environment": env,
         "settings": settings,
-        "protocol": {"warmup": args.warmup, "repeats": args.repeats,
+        "protocol": {"warmup": args.warmup, "repeats": args.repeats, "lead_ms": args.lead_ms,
                      "timer": "cuda events around each repeat",
                      "host_lead": timer.cycles_per_ms is not None,
                      "percentiles": "linear interpolation between closest ranks"},
@@ -1117,6 +1122,8 @@ def build_parser():
     ops.add_argument("--warmup", type=_int_at_least(0), default=10, help="untimed calls per op (default 10)")
     ops.add_argument("--repeats", type=_int_at_least(1), default=50, help="timed calls per op (default 50)")
     ops.add_argument("--only", type=_regex, default=None, help="time only the ops whose name matches")
+    ops.add_argument("--lead-ms", type=float, default=50.0,
+                     help="GPU idle before each op's timed calls, at least (default 50, as replay-ops)")
     ops.set_defaults(func=cmd_ops)
 
     helps = {"gpt3": ("train the GPT-3 175B shard replay-gpt3 trains", "7 for 175b-tp4, 15 for 175b-tp8"),

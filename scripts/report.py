@@ -233,21 +233,28 @@ def compare_ops(replay, pytorch):
 
 
 def kernel_rows(replay):
-    """Memory-bound kernels: achieved bandwidth (bytes / median) against replay's measured copy peak."""
+    """Memory-bound kernels against replay's measured copy peak. A result with a 'stream' entry (back-to-back
+    calls in one graph over rotating buffer sets, the way the copy peak is measured: no launch or event
+    latency inside the span) is judged on it; the per-call event time is shown beside it."""
     copy = replay["peaks"].get("copy_gbps")
     rows = []
     for r in replay["results"]:
         if r["kind"] != "kernel":
             continue
         gbps = r["bytes"] / r["median_ms"] / 1e6 if _measured(r) and r.get("bytes") else None
+        stream = r.get("stream") or {}
+        stream_ms = stream.get("median_ms")
+        stream_gbps = r["bytes"] / stream_ms / 1e6 if stream_ms and r.get("bytes") else None
+        judged = stream_gbps if stream_gbps is not None else gbps
         row = {"name": r["name"], "shape": r["shape"], "median_ms": r.get("median_ms"), "gbps": gbps,
+               "stream_ms": stream_ms, "stream_gbps": stream_gbps,
                "ratio": None, "target": KERNEL_TARGET, "status": MISSING, "note": None}
-        if gbps is None:
+        if judged is None:
             row["note"] = "not measured" if not _measured(r) else "no 'bytes'"
         elif not copy:
             row["note"] = "replay measured no copy bandwidth"
         else:
-            row["ratio"] = gbps / copy
+            row["ratio"] = judged / copy
             row["status"] = _judge(row["ratio"], KERNEL_TARGET)
         rows.append(row)
     return rows
@@ -369,10 +376,14 @@ def section_kernels(krows, copy_gbps):
     if not krows:
         return ["## Memory-bound kernels", "", "No memory-bound kernels in the replay JSON.", ""]
     out = [[f"`{r['name']}`", fmt_shape(r["shape"]), fmt(r["median_ms"]), fmt(r["gbps"], ".1f"),
-            fmt(r["ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)] for r in krows]
-    header = ["kernel", "shape", "replay ms", "GB/s", "of copy", "target", "result"]
+            fmt(r["stream_ms"]), fmt(r["stream_gbps"], ".1f"), fmt(r["ratio"], ".3f"), fmt(r["target"], ".2f"),
+            _result(r)] for r in krows]
+    header = ["kernel", "shape", "one call ms", "GB/s", "in a stream ms", "GB/s", "of copy", "target", "result"]
     return (["## Memory-bound kernels", "",
-             f"Against replay's measured copy bandwidth, {fmt(copy_gbps, '.1f')} GB/s.", ""]
+             f"Against replay's measured copy bandwidth, {fmt(copy_gbps, '.1f')} GB/s (a 2 GiB copy). \"One call\" "
+             "is timed with events around each call; \"in a stream\" is the per-call time inside one graph of "
+             "back-to-back calls over rotating buffer sets (inputs not in L2), the way the copy peak and a training "
+             "step run them, and is what \"of copy\" judges when present.", ""]
             + table(header, out) + [""])
 
 

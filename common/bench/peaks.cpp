@@ -22,7 +22,7 @@ PeakBuffers plan_peak_buffers(ArenaPlan& plan, bool with_copy, Lifetime life) {
 }
 
 Peaks measure_peaks(const Context& ctx, const Arena& arena, const PeakBuffers& buf, int warmup,
-                    int repeats) {
+                    int repeats, double lead_ms) {
   Peaks p;
   cudaStream_t s = ctx.stream();
   const int64_t n = kPeakGemmSize;
@@ -40,7 +40,7 @@ Peaks measure_peaks(const Context& ctx, const Arena& arena, const PeakBuffers& b
   args.d = arena.data(buf.d);
   args.workspace = arena.data(buf.workspace);
   args.workspace_bytes = arena.bytes(buf.workspace);
-  const Stats g = summarize(time_repeats(s, warmup, repeats, [&](cudaStream_t st) { plan.run(st, args); }));
+  const Stats g = summarize(time_repeats(s, warmup, repeats, [&](cudaStream_t st) { plan.run(st, args); }, lead_ms));
   p.bf16_gemm_tflops = 2.0 * double(n) * n * n / (g.median * 1e-3) / 1e12;
 
   if (buf.copy_src >= 0) {
@@ -49,7 +49,7 @@ Peaks measure_peaks(const Context& ctx, const Arena& arena, const PeakBuffers& b
     const Stats c = summarize(time_repeats(s, warmup, repeats, [&](cudaStream_t st) {
       REPLAY_CUDA_CHECK(cudaMemcpyAsync(arena.data(buf.copy_dst), arena.data(buf.copy_src), bytes,
                                         cudaMemcpyDeviceToDevice, st));
-    }));
+    }, lead_ms));
     p.copy_gbps = 2.0 * double(bytes) / (c.median * 1e-3) / 1e9;
   }
   return p;

@@ -26,9 +26,10 @@ constexpr size_t kPeakCopyBytes = size_t{2} << 30;
 // begin, so the memory is shared).
 PeakBuffers plan_peak_buffers(ArenaPlan& plan, bool with_copy, Lifetime life);
 
-// Measures what was planned: median over `repeats` timed calls after `warmup` calls. Synchronizes:
-// set-up only. Inputs are Philox normal values, never zeros.
+// Measures what was planned: median over `repeats` timed calls after `warmup` calls, each series after
+// `lead_ms` of idle (time_repeats). Synchronizes: set-up only. Inputs are Philox normal values, never
+// zeros.
 Peaks measure_peaks(const Context& ctx, const Arena& arena, const PeakBuffers& buffers, int warmup = 5,
-                    int repeats = 20);
+                    int repeats = 20, double lead_ms = 0);
 
 }  // namespace replay::bench

@@ -30,9 +30,13 @@ Stats summarize(std::vector<double> s) {
 }
 
 std::vector<double> time_repeats(cudaStream_t stream, int warmup, int repeats,
-                                 const std::function<void(cudaStream_t)>& enqueue) {
+                                 const std::function<void(cudaStream_t)>& enqueue, double lead_ms) {
   REPLAY_REQUIRE(repeats > 0 && warmup >= 0, "repeats must be positive, warm-up non-negative");
   for (int i = 0; i < warmup; ++i) enqueue(stream);
+  if (lead_ms > 0) {
+    REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    gpu_idle(stream, lead_ms);
+  }
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(repeats));
   for (auto& e : events) REPLAY_CUDA_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < repeats; ++i) {

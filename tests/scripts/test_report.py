@@ -205,8 +205,25 @@ class OpsComparison(TempDirCase):
         self.assertEqual(krows["s.gelu.fwd"]["status"], report.FAIL)  # 0.70
         cells = table_row(md, "`s.gelu.fwd`")
         self.assertEqual(cells[3], "2100.0")
-        self.assertEqual(cells[4], "0.700")
-        self.assertEqual(cells[6], "FAIL")
+        self.assertEqual(cells[5], "—")  # no stream entry: judged on the per-call time
+        self.assertEqual(cells[6], "0.700")
+        self.assertEqual(cells[8], "FAIL")
+
+    def test_kernels_judged_on_the_stream_time_when_present(self):
+        r = replay_doc()
+        for e in r["results"]:
+            if e["name"] == "s.gelu.fwd":  # 2100 GB/s per call; 2.1e9 bytes in 0.84 ms in a stream
+                e["stream"] = {"calls": 24, "buffer_sets": 3, "median_ms": 0.84, "p10_ms": 0.84, "p90_ms": 0.84}
+        md, _, krows, _ = self.run_ops(replay=r)
+        gelu = krows["s.gelu.fwd"]
+        self.assertAlmostEqual(gelu["gbps"], 2100.0)
+        self.assertAlmostEqual(gelu["stream_gbps"], 2500.0)
+        self.assertAlmostEqual(gelu["ratio"], 2500.0 / 3000.0)
+        self.assertEqual(gelu["status"], report.PASS)
+        cells = table_row(md, "`s.gelu.fwd`")
+        self.assertEqual(cells[4], "0.84")
+        self.assertEqual(cells[5], "2500.0")
+        self.assertEqual(cells[8], "pass")
 
     def test_markdown_rows(self):
         md, _, _, _ = self.run_ops()

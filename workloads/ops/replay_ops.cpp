@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -60,6 +62,10 @@ struct OpCase {
   std::function<void(ArenaPlan&, Lifetime)> plan;
   std::function<void(const Context&, const Arena&)> prepare;  // after the arena exists
   std::function<void(cudaStream_t)> run;
+  // Memory-bound kernels also run as a stream: `sets` copies of their buffers, the call on set i
+  // (run_set) touching only that copy, so that back-to-back calls start with a cold L2.
+  int sets = 0;  // 0: not timed as a stream
+  std::function<void(cudaStream_t, int)> run_set;
 };
 
 // Shared state of a run: library plan caches and the workspaces every case uses.
@@ -106,10 +112,10 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
         args->d = a.data((*ids)[2]);
         args->workspace = a.data(sh.gemm_workspace);
         args->workspace_bytes = a.bytes(sh.gemm_workspace);
-        if (sh.gemms.options().selection == GemmAlgoSelection::kAutotune) {
-          plan->autotune(ctx.stream(), *args);
-          std::printf("# autotuned %s: %s\n", c_name.c_str(), plan->algo_info().to_string().c_str());
-        }
+        const bool tune = sh.gemms.options().selection == GemmAlgoSelection::kAutotune;
+        if (tune) plan->autotune(ctx.stream(), *args);
+        std::printf("# %s %s: %s\n", tune ? "autotuned" : "heuristic", c_name.c_str(),
+                    plan->algo_info().to_string().c_str());
       };
       c.run = [=](cudaStream_t st) { plan->run(st, *args); };
       cases.push_back(std::move(c));
@@ -169,29 +175,61 @@ void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s)
 }
 
 // A memory-bound kernel case: `buffers` are (name, dtype, elements); `inputs` the indices filled with
-// random values; `setup` (optional) runs once after that, before timing.
+// random values; `setup` (optional) runs once per buffer set after that, before timing. A case that
+// moves less than 2x the L2 size per call gets enough buffer sets that each is touched again only after
+// 2x the L2 size of other traffic (at most 8); a larger one evicts its own start and gets one set.
 using KernelBody = std::function<void(const Arena&, const std::vector<BufferId>&, cudaStream_t)>;
-OpCase kernel_case(std::string name, json shape, double bytes,
+OpCase kernel_case(double l2_bytes, std::string name, json shape, double bytes,
                    std::vector<std::tuple<std::string, DType, int64_t>> buffers, std::vector<int> inputs,
                    KernelBody body, KernelBody setup = nullptr) {
-  auto ids = std::make_shared<std::vector<BufferId>>();
+  auto ids = std::make_shared<std::vector<std::vector<BufferId>>>();
   OpCase c;
   c.name = std::move(name);
   c.kind = "kernel";
   c.shape = std::move(shape);
   c.bytes = bytes;
+  c.sets = bytes >= 2 * l2_bytes ? 1 : 1 + static_cast<int>(std::min(7.0, std::ceil(2 * l2_bytes / bytes)));
+  const int sets = c.sets;
   c.plan = [=](ArenaPlan& p, Lifetime life) {
-    ids->clear();
-    for (const auto& [n, t, count] : buffers) ids->push_back(p.add(c.name + "." + n, t, count, "ops", life));
+    ids->assign(static_cast<size_t>(sets), {});
+    for (int k = 0; k < sets; ++k) {
+      const std::string prefix = c.name + (k == 0 ? "" : ".set" + std::to_string(k)) + ".";
+      for (const auto& [n, t, count] : buffers) (*ids)[k].push_back(p.add(prefix + n, t, count, "ops", life));
+    }
   };
   auto arena = std::make_shared<const Arena*>();
   c.prepare = [=](const Context& ctx, const Arena& a) {
     *arena = &a;
-    for (int i : inputs) fill(ctx, a, (*ids)[i], std::get<1>(buffers[i]), 100 + i, 0.5f);
-    if (setup) setup(a, *ids, ctx.stream());
+    for (int k = 0; k < sets; ++k) {
+      for (int i : inputs) fill(ctx, a, (*ids)[k][i], std::get<1>(buffers[i]), 100 + 16 * k + i, 0.5f);
+      if (setup) setup(a, (*ids)[k], ctx.stream());
+    }
   };
-  c.run = [=](cudaStream_t st) { body(**arena, *ids, st); };
+  c.run = [=](cudaStream_t st) { body(**arena, (*ids)[0], st); };
+  c.run_set = [=](cudaStream_t st, int k) { body(**arena, (*ids)[k], st); };
   return c;
+}
+
+constexpr int kStreamCalls = 24;  // at least this many calls per stream graph
+
+// Stream protocol: one CUDA graph of `calls` back-to-back calls cycling through the case's buffer
+// sets, replayed `replays` times with events around each replay; per-call time = replay / calls. This
+// is how the kernels run inside a training step (one after another in a graph, inputs mostly not in
+// L2), with no event or launch latency inside the measured span, like the copy peak it is compared to.
+bench::Stats time_stream(cudaStream_t stream, const OpCase& c, int calls, int replays) {
+  cudaGraph_t graph = nullptr;
+  REPLAY_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) c.run_set(stream, i % c.sets);
+  REPLAY_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  REPLAY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<double> ms = bench::time_repeats(stream, 2, replays, [&](cudaStream_t s) {
+    REPLAY_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  });
+  REPLAY_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  REPLAY_CUDA_CHECK(cudaGraphDestroy(graph));
+  for (double& t : ms) t /= calls;
+  return bench::summarize(std::move(ms));
 }
 
 // Writes host values into a device buffer at set-up.
@@ -209,10 +247,11 @@ T* ptr(const Arena& a, const std::vector<BufferId>& ids, int i) {
 using bf16 = __nv_bfloat16;
 
 void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
+  const double l2 = ctx.props().l2CacheSize;
   const int64_t M = kGpt3.tokens, C = kGpt3.hidden;  // 2048 x 12288
   const double mc = double(M) * C;
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.layernorm.fwd", {{"rows", M}, {"channels", C}}, 4 * mc + 4 * C + 8 * M,
+      l2, "gpt3_175b_tp4.layernorm.fwd", {{"rows", M}, {"channels", C}}, 4 * mc + 4 * C + 8 * M,
       {{"x", DType::kBF16, M * C}, {"gamma", DType::kBF16, C}, {"beta", DType::kBF16, C},
        {"out", DType::kBF16, M * C}, {"mean", DType::kFP32, M}, {"rstd", DType::kFP32, M}},
       {0, 1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -221,7 +260,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
   const size_t ln_ws = layernorm_backward_workspace_bytes(M, C);
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.layernorm.bwd", {{"rows", M}, {"channels", C}}, 6 * mc + 2 * C + 8 * M + 8 * C,
+      l2, "gpt3_175b_tp4.layernorm.bwd", {{"rows", M}, {"channels", C}}, 6 * mc + 2 * C + 8 * M + 8 * C,
       {{"dout", DType::kBF16, M * C}, {"x", DType::kBF16, M * C}, {"gamma", DType::kBF16, C},
        {"mean", DType::kFP32, M}, {"rstd", DType::kFP32, M}, {"dx", DType::kBF16, M * C},
        {"dgamma", DType::kFP32, C}, {"dbeta", DType::kFP32, C}, {"ws", DType::kUINT8, int64_t(ln_ws)}},
@@ -231,7 +270,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
                            M, C, false, false, a.data(id[8]), ln_ws, s);
       }));
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.dropout_residual.fwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 6 * mc + 2 * C,
+      l2, "gpt3_175b_tp4.dropout_residual.fwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 6 * mc + 2 * C,
       {{"x", DType::kBF16, M * C}, {"bias", DType::kBF16, C}, {"residual", DType::kBF16, M * C},
        {"out", DType::kBF16, M * C}, {"slot", DType::kINT64, 2}},
       {0, 1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -240,7 +279,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
   const size_t dr_ws = dropout_residual_backward_workspace_bytes(M, C);
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.dropout_residual.bwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 4 * mc + 4 * C,
+      l2, "gpt3_175b_tp4.dropout_residual.bwd", {{"rows", M}, {"channels", C}, {"p", 0.1}}, 4 * mc + 4 * C,
       {{"dout", DType::kBF16, M * C}, {"dx", DType::kBF16, M * C}, {"dbias", DType::kFP32, C},
        {"slot", DType::kINT64, 2}, {"ws", DType::kUINT8, int64_t(dr_ws)}},
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -249,7 +288,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
   const int64_t V = 50304 / 4;  // GPT-3's padded vocabulary, one TP4 shard
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.cross_entropy.fwd", {{"rows", M}, {"vocab_shard", V}}, 2.0 * M * V + 4 * M,
+      l2, "gpt3_175b_tp4.cross_entropy.fwd", {{"rows", M}, {"vocab_shard", V}}, 2.0 * M * V + 4 * M,
       {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
        {"row_loss", DType::kFP32, M}, {"loss", DType::kFP32, 1}, {"count", DType::kINT32, 1}},
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -258,7 +297,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
                            ptr<int32_t>(a, id, 1), M, s);
       }));
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.cross_entropy.bwd", {{"rows", M}, {"vocab_shard", V}}, 4.0 * M * V,
+      l2, "gpt3_175b_tp4.cross_entropy.bwd", {{"rows", M}, {"vocab_shard", V}}, 4.0 * M * V,
       {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
        {"dlogits", DType::kBF16, M * V}, {"count", DType::kINT32, 1}, {"dloss", DType::kFP32, 1}},
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -266,7 +305,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
                                ptr<int32_t>(a, id, 4), ptr<float>(a, id, 5), {M, V, 0}, s);
       }));
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.embedding.fwd", {{"tokens", M}, {"channels", C}, {"vocab_shard", V}}, 6 * mc + 4 * M,
+      l2, "gpt3_175b_tp4.embedding.fwd", {{"tokens", M}, {"channels", C}, {"vocab_shard", V}}, 6 * mc + 4 * M,
       {{"tokens", DType::kINT32, M}, {"wte", DType::kBF16, V * C}, {"wpe", DType::kBF16, M * C},
        {"out", DType::kBF16, M * C}},
       {1, 2}, [=](const Arena& a, const auto& id, cudaStream_t s) {
@@ -278,7 +317,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
   const int64_t L = kLlama.tokens, H = kLlama.hidden, F = 53248 / 8;
   const double lh = double(L) * H;
   cases.push_back(kernel_case(
-      "llama31_405b_tp8.rmsnorm.fwd", {{"rows", L}, {"channels", H}}, 4 * lh + 2 * H + 4 * L,
+      l2, "llama31_405b_tp8.rmsnorm.fwd", {{"rows", L}, {"channels", H}}, 4 * lh + 2 * H + 4 * L,
       {{"x", DType::kBF16, L * H}, {"gamma", DType::kBF16, H}, {"out", DType::kBF16, L * H}, {"rstd", DType::kFP32, L}},
       {0, 1}, [=](const Arena& a, const auto& id, cudaStream_t s) {
         rmsnorm_forward(ptr<bf16>(a, id, 2), ptr<float>(a, id, 3), ptr<bf16>(a, id, 0), ptr<bf16>(a, id, 1), L, H,
@@ -286,7 +325,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
   const size_t rms_ws = rmsnorm_backward_workspace_bytes(L, H);
   cases.push_back(kernel_case(
-      "llama31_405b_tp8.rmsnorm.bwd", {{"rows", L}, {"channels", H}}, 6 * lh + 2 * H + 4 * L + 4 * H,
+      l2, "llama31_405b_tp8.rmsnorm.bwd", {{"rows", L}, {"channels", H}}, 6 * lh + 2 * H + 4 * L + 4 * H,
       {{"dout", DType::kBF16, L * H}, {"x", DType::kBF16, L * H}, {"gamma", DType::kBF16, H},
        {"rstd", DType::kFP32, L}, {"dx", DType::kBF16, L * H}, {"dgamma", DType::kFP32, H},
        {"ws", DType::kUINT8, int64_t(rms_ws)}},
@@ -296,13 +335,13 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
   const double lf = double(L) * F;
   cases.push_back(kernel_case(
-      "llama31_405b_tp8.swiglu.fwd", {{"rows", L}, {"ffn", F}}, 6 * lf,
+      l2, "llama31_405b_tp8.swiglu.fwd", {{"rows", L}, {"ffn", F}}, 6 * lf,
       {{"in", DType::kBF16, 2 * L * F}, {"out", DType::kBF16, L * F}}, {0},
       [=](const Arena& a, const auto& id, cudaStream_t s) {
         swiglu_forward(ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 0), L, F, s);
       }));
   cases.push_back(kernel_case(
-      "llama31_405b_tp8.swiglu.bwd", {{"rows", L}, {"ffn", F}}, 10 * lf,
+      l2, "llama31_405b_tp8.swiglu.bwd", {{"rows", L}, {"ffn", F}}, 10 * lf,
       {{"in", DType::kBF16, 2 * L * F}, {"dout", DType::kBF16, L * F}, {"din", DType::kBF16, 2 * L * F}}, {0, 1},
       [=](const Arena& a, const auto& id, cudaStream_t s) {
         swiglu_backward(ptr<bf16>(a, id, 2), ptr<bf16>(a, id, 1), ptr<bf16>(a, id, 0), L, F, s);
@@ -311,7 +350,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
   const int rope_heads = 17, qkv_row = 18 * 128;
   const double rope_bytes = 2.0 * 2 * L * rope_heads * 128;
   cases.push_back(kernel_case(
-      "llama31_405b_tp8.rope.fwd", {{"tokens", L}, {"heads", rope_heads}, {"head_dim", 128}}, rope_bytes,
+      l2, "llama31_405b_tp8.rope.fwd", {{"tokens", L}, {"heads", rope_heads}, {"head_dim", 128}}, rope_bytes,
       {{"qkv", DType::kBF16, L * qkv_row}, {"table", DType::kFP32, 2 * L * 64}}, {0},
       [=](const Arena& a, const auto& id, cudaStream_t s) {
         RopeLayout layout{1, L, rope_heads, 128, 128, 0, qkv_row};
@@ -330,6 +369,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
     total += (n + 7) / 8 * 8;
     params += n;
   }
+  // Both cases move gigabytes per call, so they get one buffer set and one table each.
   auto adam_table = std::make_shared<AdamWTable>();
   auto norm_table = std::make_shared<GradNormTable>();
   // Table sizes for the plan; the tables themselves are built once the arena exists.
@@ -337,7 +377,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
   const int64_t norm_table_bytes = int64_t(MultiTensorBuilder<GradNormTensor>::device_bytes_for(sizes));
   // Reads master, grad, m, v (16 bytes a parameter); writes master, m, v (12) and the bf16 copy (2).
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.adamw.step", {{"params", params}, {"tensors", sizes.size()}}, 30.0 * params,
+      l2, "gpt3_175b_tp4.adamw.step", {{"params", params}, {"tensors", sizes.size()}}, 30.0 * params,
       {{"master", DType::kFP32, total}, {"model", DType::kBF16, total}, {"grad", DType::kFP32, total},
        {"m", DType::kFP32, total}, {"v", DType::kFP32, total}, {"table", DType::kUINT8, adam_table_bytes},
        {"lr", DType::kFP32, 1}, {"step", DType::kINT64, 1}},
@@ -363,7 +403,7 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
   norm_shape.num_chunks = int(MultiTensorBuilder<GradNormTensor>::chunk_count(sizes));
   const size_t norm_ws = grad_norm_workspace_bytes(norm_shape);
   cases.push_back(kernel_case(
-      "gpt3_175b_tp4.grad_norm", {{"params", params}, {"tensors", sizes.size()}}, 4.0 * params,
+      l2, "gpt3_175b_tp4.grad_norm", {{"params", params}, {"tensors", sizes.size()}}, 4.0 * params,
       {{"grad", DType::kFP32, total}, {"table", DType::kUINT8, norm_table_bytes},
        {"ws", DType::kUINT8, int64_t(norm_ws)}, {"out", DType::kFP32, 4}},
       {0},
@@ -383,10 +423,12 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       }));
 }
 
-void print_row(const OpCase& c, const bench::Stats& st, double frac) {
+void print_row(const OpCase& c, const bench::Stats& st, double frac, const bench::Stats* stream) {
   const double rate = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : c.bytes / (st.median * 1e-3) / 1e9;
-  std::printf("%-40s %10.3f %10.3f %10.3f %10.1f %-6s %6.1f%%\n", c.name.c_str(), st.median, st.p10, st.p90, rate,
+  std::printf("%-40s %10.3f %10.3f %10.3f %10.1f %-6s %6.1f%%", c.name.c_str(), st.median, st.p10, st.p90, rate,
               c.flops > 0 ? "TF/s" : "GB/s", 100.0 * frac);
+  if (stream) std::printf("   stream %.4f ms %.1f GB/s", stream->median, c.bytes / (stream->median * 1e-3) / 1e9);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -399,6 +441,11 @@ int run(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results here (reports/SCHEMA.md)");
   app.add_option("--only", only, "time only the ops whose name matches this regular expression");
   app.add_option("--device", device, "CUDA device ordinal");
+  double lead_ms = 50;
+  app.add_option("--lead-ms", lead_ms,
+                 "idle time before each op's timed calls, so every series starts from the same clocks "
+                 "(pytorch_baseline.py ops takes the same flag)")
+      ->check(CLI::Range(0.0, 10000.0));
   bool autotune = false;
   int candidates = 8;
   app.add_option("--gemm-candidates", candidates, "heuristic candidates --gemm-autotune times")
@@ -440,24 +487,33 @@ int run(int argc, char** argv) {
   Arena& arena = ctx.create_arena(std::move(plan));
   std::printf("%s", arena.table().c_str());
 
-  const bench::Peaks peaks = bench::measure_peaks(ctx, arena, peak_buffers);
+  const bench::Peaks peaks = bench::measure_peaks(ctx, arena, peak_buffers, 5, 20, lead_ms);
   std::printf("# peaks: bf16 GEMM %.1f TFLOP/s, device copy %.1f GB/s\n", peaks.bf16_gemm_tflops, peaks.copy_gbps);
   std::printf("%-40s %10s %10s %10s %10s %-6s %7s\n", "op", "median ms", "p10 ms", "p90 ms", "rate", "", "peak");
 
   json results = json::array();
   for (OpCase& c : cases) {
     c.prepare(ctx, arena);
-    const bench::Stats st = bench::summarize(bench::time_repeats(ctx.stream(), warmup, repeats, c.run));
+    const bench::Stats st = bench::summarize(bench::time_repeats(ctx.stream(), warmup, repeats, c.run, lead_ms));
     const double tflops = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : 0;
     const double gbps = c.bytes > 0 ? c.bytes / (st.median * 1e-3) / 1e9 : 0;
     const double frac = c.flops > 0 ? tflops / peaks.bf16_gemm_tflops : gbps / peaks.copy_gbps;
-    print_row(c, st, frac);
-    results.push_back({{"name", c.name}, {"kind", c.kind}, {"shape", c.shape}, {"dtype", "bf16"},
-                       {"median_ms", st.median}, {"p10_ms", st.p10}, {"p90_ms", st.p90},
-                       {"flops", c.flops > 0 ? json(c.flops) : json(nullptr)},
-                       {"bytes", c.bytes > 0 ? json(c.bytes) : json(nullptr)},
-                       {"tflops", c.flops > 0 ? json(tflops) : json(nullptr)},
-                       {"gbps", c.bytes > 0 ? json(gbps) : json(nullptr)}, {"fraction_of_peak", frac}});
+    bench::Stats stream;
+    const int calls = c.sets > 0 ? c.sets * ((kStreamCalls + c.sets - 1) / c.sets) : 0;
+    if (c.sets > 0) stream = time_stream(ctx.stream(), c, calls, std::max(5, repeats / 5));
+    print_row(c, st, frac, c.sets > 0 ? &stream : nullptr);
+    json r = {{"name", c.name}, {"kind", c.kind}, {"shape", c.shape}, {"dtype", "bf16"},
+              {"median_ms", st.median}, {"p10_ms", st.p10}, {"p90_ms", st.p90},
+              {"flops", c.flops > 0 ? json(c.flops) : json(nullptr)},
+              {"bytes", c.bytes > 0 ? json(c.bytes) : json(nullptr)},
+              {"tflops", c.flops > 0 ? json(tflops) : json(nullptr)},
+              {"gbps", c.bytes > 0 ? json(gbps) : json(nullptr)}, {"fraction_of_peak", frac}};
+    if (c.sets > 0) {
+      r["stream"] = {{"calls", calls}, {"buffer_sets", c.sets}, {"median_ms", stream.median},
+                     {"p10_ms", stream.p10}, {"p90_ms", stream.p90},
+                     {"gbps", c.bytes / (stream.median * 1e-3) / 1e9}};
+    }
+    results.push_back(std::move(r));
   }
 
   if (!json_path.empty()) {
@@ -465,7 +521,10 @@ int run(int argc, char** argv) {
     out["tool"] = "replay-ops";
     out["version"] = REPLAY_VERSION;
     out["environment"] = bench::to_json(env);
-    out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"timer", "cuda events around each repeat"},
+    out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"lead_ms", lead_ms},
+                       {"timer", "cuda events around each repeat"},
+                       {"stream_timer", "memory-bound kernels: cuda events around each replay of a graph of " +
+                                            std::to_string(kStreamCalls) + "+ back-to-back calls over rotating buffer sets"},
                        {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"}};
     out["peaks"] = {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}};
     out["results"] = results;
