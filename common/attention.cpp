@@ -201,7 +201,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionDesc& d) {
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("sdpa_backward")
                      .set_attn_scale(d.softmax_scale())
-                     .set_deterministic_algorithm(true);
+                     .set_deterministic_algorithm(d.deterministic);
   if (d.causal)
     options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
         .set_diagonal_band_right_bound(0);
@@ -335,20 +335,22 @@ std::string AttentionDesc::describe() const {
   char buf[256];
   std::snprintf(buf, sizeof(buf),
                 "attention B=%lld Hq=%lld Hkv=%lld Sq=%lld Skv=%lld Dqk=%lld Dv=%lld%s scale=%g "
-                "dropout=%g %s %s",
+                "dropout=%g %s %s%s",
                 static_cast<long long>(batch), static_cast<long long>(heads_q),
                 static_cast<long long>(heads_kv), static_cast<long long>(seq_q),
                 static_cast<long long>(kv_len()), static_cast<long long>(head_dim_qk),
                 static_cast<long long>(dim_v()), causal ? " causal" : "",
                 static_cast<double>(softmax_scale()), static_cast<double>(dropout),
-                layout == AttentionLayout::kFusedQKV ? "fused-qkv" : "separate", dtype_name(dtype));
+                layout == AttentionLayout::kFusedQKV ? "fused-qkv" : "separate", dtype_name(dtype),
+                deterministic ? "" : " non-deterministic");
   return buf;
 }
 
 bool AttentionDesc::operator<(const AttentionDesc& o) const {
   auto key = [](const AttentionDesc& d) {
     return std::make_tuple(d.batch, d.heads_q, d.heads_kv, d.seq_q, d.seq_kv, d.head_dim_qk,
-                           d.head_dim_v, d.causal, d.scale, d.dropout, d.layout, d.dtype);
+                           d.head_dim_v, d.causal, d.scale, d.dropout, d.layout, d.dtype,
+                           d.deterministic);
   };
   return key(*this) < key(o);
 }

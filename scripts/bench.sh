@@ -97,6 +97,10 @@ merged.setdefault("protocol", {})["runs"] = f"best median of {len(runs)} interle
 json.dump(merged, open(out, "w"), indent=2)
 PY
 }
+# What the deterministic attention backward costs: replay with cuDNN's non-deterministic one (PyTorch's
+# default algorithm), reported in its own section; no workload uses it.
+run ops_attention_nondeterministic "$bin/replay-ops" --only 'attention' --attention-nondeterministic \
+  --warmup "$warmup" --repeats "$repeats" --json "$out/ops_attention_nondeterministic.json"
 ls "$out"/rounds/replay_ops_[12].json >/dev/null 2>&1 && best_of "$out/replay_ops.json" "$out"/rounds/replay_ops_[12].json
 ls "$out"/rounds/pytorch_ops_[12].json >/dev/null 2>&1 && best_of "$out/pytorch_ops.json" "$out"/rounds/pytorch_ops_[12].json
 if [ -x "$bin/replay-graphs-bench" ]; then
@@ -156,6 +160,8 @@ fi
 } >"$out/summary.md"
 if [ -f "$out/replay_ops.json" ]; then
   args=(ops --replay "$out/replay_ops.json" --out "$out")
+  [ -f "$out/ops_attention_nondeterministic.json" ] \
+    && args+=(--attention-nondeterministic "$out/ops_attention_nondeterministic.json")
   [ "$have_torch" = 1 ] && [ -f "$out/pytorch_ops.json" ] && args+=(--pytorch "$out/pytorch_ops.json")
   python3 scripts/report.py "${args[@]}" && cat "$out/ops_summary.md" >>"$out/summary.md"
 fi

@@ -594,9 +594,33 @@ NO_PYTORCH = {"tool": "pytorch", "version": None, "environment": {},
               "peaks": {"bf16_gemm_tflops": None, "copy_gbps": None}, "results": []}
 
 
-def report_ops(replay_path, pytorch_path, out_dir):
+def section_determinism(replay, nondet, pytorch):
+    """Attention forward+backward with replay's deterministic backward (what the workloads run and the
+    target judges) next to replay with cuDNN's non-deterministic one (PyTorch's default algorithm)."""
+    det = {r["name"]: r for r in replay["results"]}
+    pt = {r["name"]: r for r in pytorch["results"]}
+    out = []
+    for r in nondet["results"]:
+        if r.get("kind") != "attention" or not r["name"].endswith(".fwd_bwd"):
+            continue
+        d, p = det.get(r["name"]), pt.get(r["name"])
+        ratio = (lambda a, b: fmt(b["median_ms"] / a["median_ms"], ".3f") if _measured(a) and _measured(b) else "—")
+        out.append([f"`{r['name']}`", fmt(d and d.get("median_ms")), fmt(r.get("median_ms")),
+                    fmt(p and p.get("median_ms")), ratio(d, p), ratio(r, p)])
+    if not out:
+        return []
+    header = ["op", "replay deterministic ms", "replay non-deterministic ms", "pytorch default ms",
+              "deterministic/pytorch", "non-deterministic/pytorch"]
+    return (["## What the deterministic attention backward costs", "",
+             "replay's workloads use cuDNN's deterministic backward (bit-reproducible runs); PyTorch's default "
+             "is the non-deterministic one. `replay-ops --attention-nondeterministic` times replay with that "
+             "one too (not used by any workload).", ""] + table(header, out) + [""])
+
+
+def report_ops(replay_path, pytorch_path, out_dir, nondeterministic_path=None):
     """Writes out_dir/ops_summary.md and out_dir/ops_ratio.png; returns (md path, rows, kernel rows).
-    pytorch_path None: the baseline was not run; its columns read missing and no ratio is judged."""
+    pytorch_path None: the baseline was not run; its columns read missing and no ratio is judged.
+    nondeterministic_path: replay-ops --attention-nondeterministic JSON, shown in its own section."""
     replay = validate_ops(load_json(replay_path), replay_path, "replay-ops")
     if pytorch_path is None:
         pytorch = NO_PYTORCH
@@ -614,6 +638,9 @@ def report_ops(replay_path, pytorch_path, out_dir):
     lines += section_ops_table(rows)
     lines += _plot_line(written, "ops_ratio.png", "replay / PyTorch per op")
     lines += section_attention_backends(variants, brows)
+    if nondeterministic_path is not None:
+        nondet = validate_ops(load_json(nondeterministic_path), nondeterministic_path, "replay-ops")
+        lines += section_determinism(replay, nondet, pytorch)
     lines += section_kernels(krows, replay["peaks"].get("copy_gbps"))
     lines += section_leftovers(leftover_names(replay, pytorch, rows, krows))
     lines += section_peaks(replay, pytorch)
@@ -1063,7 +1090,9 @@ def build_parser():
     ops.add_argument("--pytorch", default=None,
                      help="JSON from scripts/pytorch_baseline.py ops --json (without it, PyTorch reads missing)")
     ops.add_argument("--out", required=True, help="output directory")
-    ops.set_defaults(func=lambda a: report_ops(a.replay, a.pytorch, a.out)[0])
+    ops.add_argument("--attention-nondeterministic", default=None,
+                     help="JSON from replay-ops --attention-nondeterministic (an extra section)")
+    ops.set_defaults(func=lambda a: report_ops(a.replay, a.pytorch, a.out, a.attention_nondeterministic)[0])
     graphs = sub.add_parser("graphs", help="replay-graphs-bench launch costs and host-delay sweep")
     graphs.add_argument("--json", required=True, help="JSON from replay-graphs-bench --json")
     graphs.add_argument("--out", required=True, help="output directory")

@@ -1,23 +1,33 @@
 // norms.cu: LayerNorm and RMSNorm forward and backward (see norms.h).
 //
-// Narrow rows (C <= 1024), forward: one warp per row, eight rows per block, the row held in
-// registers.
+// Every kernel holds a thread's share of a row as raw bf16 pairs in 16-byte packs: thread t of a
+// row owns packs t, t + T, ..., so a warp's accesses are contiguous. A bf16 is the upper half of
+// an fp32, so a pair becomes two floats with one shift and one mask, and two floats go back with
+// one cvt.rn.bf16x2: what is left per element is the arithmetic itself. Row offsets are formed
+// once per row in 64 bits, pack offsets in 32; 1/C is passed in, so no division is left on the
+// device.
 //
-// Wide rows, forward and backward: a persistent grid (as many blocks as fit on the SMs at once)
-// walks the rows: block b takes rows b, b + gridDim.x, ... and thread t owns the 16-byte packs
-// t, t + T, ... of every row. Rows are streamed into a ring of shared-memory stages with cp.async,
-// `stages - 1` rows ahead, so every SM keeps loads in flight while it reduces and writes the
-// current row. Little's law sets the depth: at ~4 TB/s and ~1-2 us of loaded latency the GPU
-// needs several MB in flight, tens of KB per SM, which a row-at-a-time block cannot supply (the
-// 2048 x 12288 GPT-3 LayerNorm: 24 KB rows). A thread reads back only the packs it copied itself,
-// so the ring needs no barrier; the only barriers are the row reductions'. Mean and variance are
-// two exact passes over the row in registers (no E[x^2] - E[x]^2).
+// Forward: one row per block (one warp per row for C <= 1024), no persistence. The row is loaded
+// once, straight into registers, evict-first (so it does not push gamma and beta out of L1); mean
+// and variance are two exact passes over those registers (no E[x^2] - E[x]^2), each reduction
+// one barrier with its own scratch; out = (x * rstd - mean * rstd) * gamma + beta is two FMAs an
+// element. At 40 registers a thread, 4 blocks of 384 threads (C = 12288) or 3 of 512
+// (C = 16384) share an SM, so while one block reduces and writes, the others' loads are in
+// flight: up to 96 KB an SM, against the ~25 KB an SM that the reads need (Little's law: ~2 TB/s
+// of reads at ~1.5 us of loaded latency is ~3 MB over 132 SMs). Shared memory holds only the
+// scratch, so L1 keeps its full size for gamma and beta, which every block re-reads.
 //
-// Backward: every thread owns the same columns in every row, so the dgamma/dbeta contributions
-// accumulate in registers and each block writes one partial row; column_sums then adds the
-// partials in a fixed order, as a programmatic dependent launch. The accumulators cost registers
-// (2 * C / T per thread for LayerNorm), so the backward runs one block of up to 768 threads per
-// SM: 24 warps give the per-row arithmetic enough parallelism to hide under the memory stream.
+// Backward: a persistent grid (one block of up to 512 threads per SM for wide rows) walks rows b,
+// b + gridDim.x, ... Every thread owns the same columns in every row, so its gamma stays in
+// registers and the dgamma/dbeta contributions accumulate in registers; each block writes one
+// partial row and column_sums adds the partials in a fixed order, as a programmatic dependent
+// launch. The accumulators (2 * C / T a thread for LayerNorm) rule out several blocks per SM, so
+// the rows are streamed into a ring of shared-memory stages with cp.async, `stages - 1` rows
+// ahead (~96 KB in flight per SM), and loads stay in flight while the block reduces and writes.
+// A thread reads back only the packs it copied itself, so the ring needs no barrier. Pass 1 reads
+// x and dout from the ring and forms the two row sums and the parameter gradients; pass 2
+// re-reads them (recomputing costs less than holding them in registers) and writes
+// dx = rstd * g + x * k1 + k0, the two row sums folded into k0 and k1.
 #include "common/kernels/norms.h"
 
 #include <algorithm>
@@ -40,28 +50,86 @@ constexpr int kMaxRowThreads = 512;    // threads on one row, forward
 constexpr int kMaxPacksPerThread = 8;  // 16-byte packs per thread: C <= 512 * 8 * 8
 constexpr int kWarpRowMaxPacks = 128;  // warp-per-row forward up to C = 1024
 constexpr int kWarpRowsPerBlock = 8;
-constexpr size_t kInflightBytesPerSM = 96 << 10;  // rows each SM keeps in flight (ring depth)
+constexpr size_t kInflightBytesPerSM = 96 << 10;  // rows each SM keeps in flight (backward ring)
 constexpr int kMaxStages = 8;
 constexpr int kMaxDevices = 64;
 static_assert(kMaxRowThreads * kMaxPacksPerThread * 8 == kNormMaxChannels, "limits disagree");
 
-// Backward threads per row: up to 768 while a thread holds at most two packs (32 LayerNorm
-// accumulators fit the 85 registers a 768-thread block may use), 512 beyond.
-__host__ __device__ constexpr int bwd_max_threads(int ppt) {
-  return ppt <= 2 ? 768 : 512;
+// Forward blocks per SM the register allocation must allow: 3 blocks of 512 threads (so 4 of 384)
+// cap a thread at 40 registers, which four packs of x fit; eight packs need more.
+__host__ __device__ constexpr int fwd_min_blocks(int ppt) {
+  return ppt <= 4 ? 3 : 2;
 }
 
-// Sum over the threads of one row: a warp (tpr == 32) or the whole block (tpr == blockDim.x).
-__device__ __forceinline__ float row_sum(float v, int tpr, float* scratch) {
-  return tpr == 32 ? warp_reduce_sum(v) : block_reduce_sum(v, scratch);
+// Backward threads per row, at most. Fewer threads with more packs each spread the per-row costs
+// of a thread (ring copies, the wait, the block reduction: ~200 instructions) over more elements;
+// 512 threads may use 128 registers, which hold four packs' 64 LayerNorm accumulators (C = 12288:
+// 384 threads of 4 packs).
+constexpr int kMaxBwdThreads = 512;
+
+// ---------------------------------------------------------------------------------------------------
+// bf16 pairs.
+
+// Eight bf16 as four pairs, moved with one 16-byte access.
+struct alignas(16) Pairs {
+  uint32_t w[4];
+};
+
+__device__ __forceinline__ float lo_float(uint32_t pair) {
+  return __uint_as_float(pair << 16);
 }
 
-// Two sums over the block at once, fixed order. scratch holds 64 floats.
-__device__ __forceinline__ float2 block_reduce_sum2(float2 v, float* scratch) {
+__device__ __forceinline__ float hi_float(uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint32_t to_pair(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one cvt.rn.bf16x2.f32
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Pack p of a row: Pairs are 16-byte aligned because every tensor and C * 2 bytes are.
+__device__ __forceinline__ Pairs load_stream(const bf16* row, int p) {  // read once, evict first
+  Pairs r;
+  *reinterpret_cast<uint4*>(r.w) = __ldcs(reinterpret_cast<const uint4*>(row) + p);
+  return r;
+}
+
+__device__ __forceinline__ Pairs load_param(const bf16* v, int p) {  // gamma/beta: stay in L1
+  Pairs r;
+  *reinterpret_cast<uint4*>(r.w) = reinterpret_cast<const uint4*>(v)[p];
+  return r;
+}
+
+__device__ __forceinline__ void store_pairs(bf16* row, int p, const Pairs& v) {
+  reinterpret_cast<uint4*>(row)[p] = *reinterpret_cast<const uint4*>(v.w);
+}
+
+// Whether pack p exists: always, when the threads tile the row exactly.
+template <bool kFull>
+__device__ __forceinline__ bool owns(int p, int packs) {
+  return kFull || p < packs;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reductions. Every thread receives the sum; every warp adds the same partials in the same order,
+// so all threads hold the same bits.
+
+// Sum over the block. The caller gives each call its own scratch (32 floats) that no other call
+// in flight uses, so one barrier suffices.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_reduce_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce_sum(lane < warps ? scratch[lane] : 0.0f);
+}
+
+// Two sums over the block at once, same contract; scratch holds 64 floats.
+__device__ __forceinline__ float2 block_sum2(float2 v, float* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v.x = warp_reduce_sum(v.x);
   v.y = warp_reduce_sum(v.y);
-  __syncthreads();  // scratch may still be read by the previous call
   if (lane == 0) {
     scratch[warp] = v.x;
     scratch[32 + warp] = v.y;
@@ -73,12 +141,134 @@ __device__ __forceinline__ float2 block_reduce_sum2(float2 v, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Asynchronous global -> shared copies (sm_80+). A thread only ever reads back the 16-byte chunks
-// it copied itself, so waiting on its own groups suffices.
+// Forward.
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+// Loads this thread's packs p = t + i * tpr of a row. The forward keeps the bounds checks even
+// where the threads tile the row: without them the compiler issues every pack's gamma and beta
+// loads at once and spills past the 40 registers that four blocks per SM allow.
+template <int kPpt>
+__device__ __forceinline__ void load_row(Pairs (&xv)[kPpt], const bf16* xr, int t, int tpr,
+                                         int packs) {
+#pragma unroll
+  for (int i = 0; i < kPpt; ++i)
+    if (t + i * tpr < packs) xv[i] = load_stream(xr, t + i * tpr);
+}
+
+// Statistics and output of one row whose packs this thread holds in xv (raw: each pass converts
+// afresh, one instruction an element, rather than holding twice the registers as floats).
+// row_sum(v, k) sums v over the row's threads; k (0 or 1) tells the two reductions apart.
+// Per element, LayerNorm: sum 2 (convert, add), variance 3 (convert, subtract, FMA), output 5.5
+// (convert x, gamma, beta; two FMAs; half a cvt.bf16x2); RMSNorm: 2 + 4.5.
+template <bool kLayerNorm, int kPpt, typename RowSum>
+__device__ __forceinline__ void normalize_row(bf16* outr, float* mean_out, float* rstd_out,
+                                              const Pairs (&xv)[kPpt],
+                                              const bf16* __restrict__ gamma,
+                                              const bf16* __restrict__ beta, int64_t row, int packs,
+                                              int t, int tpr, float inv_c, float eps,
+                                              RowSum row_sum) {
+  float mean = 0.0f;
+  if constexpr (kLayerNorm) {
+    float s0 = 0.0f, s1 = 0.0f;  // two chains: half the dependent-add latency
+#pragma unroll
+    for (int i = 0; i < kPpt; ++i) {
+      if (t + i * tpr < packs) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          s0 += lo_float(xv[i].w[w]);
+          s1 += hi_float(xv[i].w[w]);
+        }
+      }
+    }
+    mean = row_sum(s0 + s1, 0) * inv_c;
+  }
+  float q0 = 0.0f, q1 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPpt; ++i) {
+    if (t + i * tpr < packs) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float x0 = lo_float(xv[i].w[w]), x1 = hi_float(xv[i].w[w]);
+        const float d0 = kLayerNorm ? x0 - mean : x0;
+        const float d1 = kLayerNorm ? x1 - mean : x1;
+        q0 = fmaf(d0, d0, q0);
+        q1 = fmaf(d1, d1, q1);
+      }
+    }
+  }
+  const float rstd = rsqrtf(row_sum(q0 + q1, 1) * inv_c + eps);
+  if (t == 0) {
+    if (kLayerNorm) mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+
+  // xhat = x * rstd + shift, out = xhat * gamma + beta.
+  const float shift = -mean * rstd;
+#pragma unroll
+  for (int i = 0; i < kPpt; ++i) {
+    const int p = t + i * tpr;
+    if (p < packs) {
+      const Pairs g = load_param(gamma, p);
+      Pairs b;
+      if (kLayerNorm) b = load_param(beta, p);
+      Pairs o;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t xw = xv[i].w[w], gw = g.w[w];
+        float y0, y1;
+        if (kLayerNorm) {
+          y0 = fmaf(fmaf(lo_float(xw), rstd, shift), lo_float(gw), lo_float(b.w[w]));
+          y1 = fmaf(fmaf(hi_float(xw), rstd, shift), hi_float(gw), hi_float(b.w[w]));
+        } else {
+          y0 = lo_float(xw) * rstd * lo_float(gw);
+          y1 = hi_float(xw) * rstd * hi_float(gw);
+        }
+        o.w[w] = to_pair(y0, y1);
+      }
+      store_pairs(outr, p, o);
+    }
+  }
+}
+
+// Narrow rows: one warp per row.
+template <bool kLayerNorm, int kPpt>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
+    norm_forward_warp_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                             const bf16* x, const bf16* __restrict__ gamma,
+                             const bf16* __restrict__ beta, int64_t rows, int C, float inv_c,
+                             float eps) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int t = threadIdx.x % 32, packs = C / 8;
+  if (row >= rows) return;  // whole warps only
+  const int64_t base = row * C;
+  Pairs xv[kPpt];
+  load_row(xv, x + base, t, 32, packs);
+  normalize_row<kLayerNorm>(out + base, mean_out, rstd_out, xv, gamma, beta, row, packs, t, 32,
+                            inv_c, eps, [](float v, int) { return warp_reduce_sum(v); });
+}
+
+// Wide rows: one block per row (see the top of the file). Each thread reads all its packs before
+// it writes any, and writes only those: that is what lets out alias x.
+template <bool kLayerNorm, int kPpt>
+__global__ void __launch_bounds__(kMaxRowThreads, fwd_min_blocks(kPpt))
+    norm_forward_block_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                              const bf16* x, const bf16* __restrict__ gamma,
+                              const bf16* __restrict__ beta, int C, float inv_c, float eps) {
+  __shared__ float scratch[2][32];
+  const int64_t row = blockIdx.x;
+  const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
+  const int64_t base = row * C;
+  Pairs xv[kPpt];
+  load_row(xv, x + base, t, T, packs);
+  normalize_row<kLayerNorm>(out + base, mean_out, rstd_out, xv, gamma, beta, row, packs, t, T,
+                            inv_c, eps, [&](float v, int k) { return block_sum(v, scratch[k]); });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward.
+
+// Asynchronous global -> shared copies (sm_80+), L1 bypassed; smem is a shared-window address.
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -116,231 +306,156 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
   }
 }
 
-// The ring: `stages` slots, each holding one row of each of the first n of the tensors in src
-// (tensor i at pack offset i * packs). ring_issue(k) starts copying the block's k-th row (global
-// row blockIdx.x + k * gridDim.x, if it exists) into slot k % stages; it always commits a group,
-// so that group k belongs to row k. A slot is refilled one iteration after it was read, by the
-// same threads that read it, and their reads have completed: their values were used.
-template <int kPpt, int kMaxTensors>
-__device__ __forceinline__ void ring_issue(PackBF16* ring, int stages, int64_t k, int64_t rows,
-                                           int C, const bf16* const (&src)[kMaxTensors], int n) {
-  const int64_t row = blockIdx.x + k * gridDim.x;
+// Starts copying this thread's packs of `row` (if it exists) of the first n tensors into a ring
+// slot, and always commits a group, so that the block's k-th group belongs to its k-th row.
+// src_t[s] is tensor s advanced to this thread's first pack, slot_t the slot's shared address
+// advanced likewise (tensor s at pack offset s * packs): per pack, one address add on each side.
+template <int kPpt, bool kFull>
+__device__ __forceinline__ void ring_issue(uint32_t slot_t, int64_t row, int64_t rows, int C,
+                                           const bf16* const (&src_t)[3], int n) {
   const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
   if (row < rows) {
-    PackBF16* slot = ring + (k % stages) * n * packs;
+    const int64_t offset = row * C;
 #pragma unroll
-    for (int s = 0; s < kMaxTensors; ++s) {
+    for (int s = 0; s < 3; ++s) {
       if (s < n) {
+        const bf16* r = src_t[s] + offset;
 #pragma unroll
-        for (int i = 0; i < kPpt; ++i) {
-          const int p = t + i * T;
-          if (p < packs) cp_async_16(slot + s * packs + p, src[s] + row * C + p * 8);
-        }
+        for (int i = 0; i < kPpt; ++i)
+          if (owns<kFull>(t + i * T, packs))
+            cp_async_16(slot_t + (s * packs + i * T) * 16, r + i * T * 8);
       }
     }
   }
   cp_async_commit();
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Forward. Thread t of a row owns packs t, t + tpr, ..., so a warp's accesses are contiguous.
-
-// Statistics and output of one row whose packs this thread holds in xv.
-template <bool kLayerNorm, int kPpt>
-__device__ __forceinline__ void normalize_row(bf16* out, float* mean_out, float* rstd_out,
-                                              const PackBF16 (&xv)[kPpt],
-                                              const bf16* __restrict__ gamma,
-                                              const bf16* __restrict__ beta, int64_t row, int C,
-                                              int t, int tpr, float eps, float* scratch) {
-  const int packs = C / 8;
-  float sum = 0.0f;
+// Pass 2 of a row: dx = rs * g + (x * k1 + k0) (+ the dx already there), from the packs in the
+// ring slot (x at xs, dout at xs + packs, the old dx at xs + 2 * packs).
+template <int kPpt, bool kFull, bool kAccumulate>
+__device__ __forceinline__ void write_dx(bf16* dxr, const Pairs* xs, const Pairs (&g)[kPpt],
+                                         float rs, float k0, float k1, int packs) {
+  const int t = threadIdx.x, T = blockDim.x;
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
-    if (t + i * tpr < packs) {
+    const int p = t + i * T;
+    if (owns<kFull>(p, packs)) {
+      const Pairs xv = xs[p], dv = xs[packs + p];
+      Pairs prev;
+      if (kAccumulate) prev = xs[2 * packs + p];
+      Pairs o;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum += __bfloat162float(xv[i].v[j]);
-    }
-  }
-  const float mean = kLayerNorm ? row_sum(sum, tpr, scratch) / C : 0.0f;
-  float sq = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPpt; ++i) {
-    if (t + i * tpr < packs) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float d = __bfloat162float(xv[i].v[j]) - mean;
-        sq += d * d;
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t xw = xv.w[w], dw = dv.w[w], gw = g[i].w[w];
+        float d0 = fmaf(rs, lo_float(dw) * lo_float(gw), fmaf(lo_float(xw), k1, k0));
+        float d1 = fmaf(rs, hi_float(dw) * hi_float(gw), fmaf(hi_float(xw), k1, k0));
+        if (kAccumulate) {
+          d0 += lo_float(prev.w[w]);
+          d1 += hi_float(prev.w[w]);
+        }
+        o.w[w] = to_pair(d0, d1);
       }
-    }
-  }
-  const float rstd = rsqrtf(row_sum(sq, tpr, scratch) / C + eps);
-  if (t == 0) {
-    if (kLayerNorm) mean_out[row] = mean;
-    rstd_out[row] = rstd;
-  }
-
-  // gamma and beta are re-read for every row: they stay in L1, and holding them in registers
-  // would cost the occupancy that keeps the ring's loads in flight.
-  bf16* outr = out + row * C;
-#pragma unroll
-  for (int i = 0; i < kPpt; ++i) {
-    const int p = t + i * tpr;
-    if (p < packs) {
-      const PackBF16 g = PackBF16::load(gamma + p * 8);
-      PackBF16 b;
-      if (kLayerNorm) b = PackBF16::load(beta + p * 8);
-      PackBF16 o;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float y = (__bfloat162float(xv[i].v[j]) - mean) * rstd * __bfloat162float(g.v[j]);
-        if (kLayerNorm) y += __bfloat162float(b.v[j]);
-        o.v[j] = __float2bfloat16_rn(y);
-      }
-      o.store(outr + p * 8);
+      store_pairs(dxr, p, o);
     }
   }
 }
 
-// Narrow rows: one warp per row, loaded straight into registers.
-template <bool kLayerNorm, int kPpt>
-__global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
-    norm_forward_warp_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                             const bf16* x, const bf16* __restrict__ gamma,
-                             const bf16* __restrict__ beta, int64_t rows, int C, float eps) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
-  const int t = threadIdx.x % 32;
-  if (row >= rows) return;  // whole warps only
-  const int packs = C / 8;
-  PackBF16 xv[kPpt];
-#pragma unroll
-  for (int i = 0; i < kPpt; ++i) {
-    const int p = t + i * 32;
-    if (p < packs) xv[i] = PackBF16::load_cs(x + row * C + p * 8);
-  }
-  normalize_row<kLayerNorm, kPpt>(out, mean_out, rstd_out, xv, gamma, beta, row, C, t, 32, eps,
-                                  nullptr);
-}
-
-// Wide rows: the persistent ring (see the top of the file); one row per block at a time.
-template <bool kLayerNorm, int kPpt>
-__global__ void __launch_bounds__(kMaxRowThreads)
-    norm_forward_rows_kernel(bf16* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                             const bf16* x, const bf16* __restrict__ gamma,
-                             const bf16* __restrict__ beta, int64_t rows, int C, int stages,
-                             float eps) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float scratch[32];
-  PackBF16* ring = reinterpret_cast<PackBF16*>(smem);
-  const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
-  const bf16* const src[1] = {x};  // out may alias x: a row is written only after it is read
-
-  for (int s = 0; s < stages - 1; ++s) ring_issue<kPpt>(ring, stages, s, rows, C, src, 1);
-  int64_t row = blockIdx.x;
-  for (int64_t k = 0; row < rows; ++k, row += gridDim.x) {
-    ring_issue<kPpt>(ring, stages, k + stages - 1, rows, C, src, 1);
-    cp_async_wait(stages - 1);  // row k has landed
-    const PackBF16* slot = ring + (k % stages) * packs;
-    PackBF16 xv[kPpt];
-#pragma unroll
-    for (int i = 0; i < kPpt; ++i)
-      if (t + i * T < packs) xv[i] = slot[t + i * T];
-    normalize_row<kLayerNorm, kPpt>(out, mean_out, rstd_out, xv, gamma, beta, row, C, t, T, eps,
-                                    scratch);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Backward. A ring slot holds the row's x, dout and (accumulate_dx) the dx to add to, in that
-// order; mean and rstd are read by every thread straight from global memory (one broadcast load,
-// issued before the wait so that its latency hides under it).
-
-template <bool kLayerNorm, int kPpt>
-__global__ void __launch_bounds__(bwd_max_threads(kPpt), 1)
+// Per element (LayerNorm): pass 1 nine instructions (three conversions, xhat, g, two row sums,
+// two parameter gradients), pass 2 six and a half (three conversions, g, two FMAs, half a
+// cvt.bf16x2), a quarter each for the ring's copy and the two shared-memory reads; per row and
+// thread ~200 more (copy addresses, the wait, the reduction), ~6 an element at 4 packs.
+template <bool kLayerNorm, int kPpt, bool kFull>
+__global__ void __launch_bounds__(kMaxBwdThreads, 1)
     norm_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout, const bf16* x,
                          const bf16* __restrict__ gamma, const float* __restrict__ mean,
-                         const float* __restrict__ rstd, int64_t rows, int C, int stages,
-                         bool accumulate_dx) {
+                         const float* __restrict__ rstd, int64_t rows, int C, float inv_c,
+                         int stages, bool accumulate_dx) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float scratch[64];
-  allow_dependent_launch();  // column_sums may be placed while this grid runs
-  PackBF16* ring = reinterpret_cast<PackBF16*>(smem);
+  __shared__ float scratch[2][64];  // alternate rows: one barrier per reduction
+  allow_dependent_launch();         // column_sums may be placed while this grid runs
+  Pairs* ring = reinterpret_cast<Pairs*>(smem);
   const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
+  const int64_t G = gridDim.x;
   const int tensors = accumulate_dx ? 3 : 2;
-  const bf16* const src[3] = {x, dout, dx};
+  const int slot_packs = tensors * packs;
+  const bf16* const src_t[3] = {x + t * 8, dout + t * 8, dx + t * 8};
+  const uint32_t ring_t = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + t * 16;
 
-  PackBF16 g[kPpt];
+  Pairs g[kPpt];
   float dgamma[kPpt][8], dbeta[kPpt][8];
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
-    if (t + i * T < packs) g[i] = PackBF16::load(gamma + (t + i * T) * 8);
+    if (owns<kFull>(t + i * T, packs)) g[i] = load_param(gamma, t + i * T);
 #pragma unroll
     for (int j = 0; j < 8; ++j) dgamma[i][j] = dbeta[i][j] = 0.0f;
   }
 
-  for (int s = 0; s < stages - 1; ++s) ring_issue<kPpt>(ring, stages, s, rows, C, src, tensors);
-  int64_t row = blockIdx.x;
-  for (int64_t k = 0; row < rows; ++k, row += gridDim.x) {
-    ring_issue<kPpt>(ring, stages, k + stages - 1, rows, C, src, tensors);
-    const float mu = kLayerNorm ? mean[row] : 0.0f;
+  // The block's k-th row lands in slot k % stages; the slot refilled while row k is processed
+  // is the one row k - 1 was read from, by the same threads, whose reads were used (complete).
+  for (int s = 0; s < stages - 1; ++s)
+    ring_issue<kPpt, kFull>(ring_t + s * slot_packs * 16, blockIdx.x + s * G, rows, C, src_t,
+                            tensors);
+  int read_slot = 0, write_slot = stages - 1, parity = 0;
+  int64_t ahead = blockIdx.x + (stages - 1) * G;
+  for (int64_t row = blockIdx.x; row < rows; row += G, ahead += G) {
+    ring_issue<kPpt, kFull>(ring_t + write_slot * slot_packs * 16, ahead, rows, C, src_t, tensors);
+    write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
+    const float mu = kLayerNorm ? mean[row] : 0.0f;  // issued before the wait: latency hidden
     const float rs = rstd[row];
     cp_async_wait(stages - 1);  // row k has landed
-    const PackBF16* xs = ring + (k % stages) * tensors * packs;
-    const PackBF16* dys = xs + packs;
-    const PackBF16* dxs = dys + packs;
+    const Pairs* xs = ring + read_slot * slot_packs;
+    read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
+    const float shift = -mu * rs;  // xhat = x * rs + shift
 
-    // Pass 1: the two row sums, and this row's share of the parameter gradients.
-    float2 sums = make_float2(0.0f, 0.0f);  // sum(g), sum(g * xhat) with g = dout * gamma
+    // Pass 1: sum(g) and sum(g * xhat) with g = dout * gamma, and this row's share of the
+    // parameter gradients.
+    float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPpt; ++i) {
       const int p = t + i * T;
-      if (p < packs) {
-        const PackBF16 xv = xs[p], dv = dys[p];
+      if (owns<kFull>(p, packs)) {
+        const Pairs xv = xs[p], dv = xs[packs + p];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float xhat = (__bfloat162float(xv.v[j]) - mu) * rs;
-          const float dy = __bfloat162float(dv.v[j]);
-          const float gj = dy * __bfloat162float(g[i].v[j]);
-          sums.x += gj;
-          sums.y += gj * xhat;
-          dgamma[i][j] += dy * xhat;
-          dbeta[i][j] += dy;
+        for (int w = 0; w < 4; ++w) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float xf = h ? hi_float(xv.w[w]) : lo_float(xv.w[w]);
+            const float dy = h ? hi_float(dv.w[w]) : lo_float(dv.w[w]);
+            const float gm = h ? hi_float(g[i].w[w]) : lo_float(g[i].w[w]);
+            const float xhat = fmaf(xf, rs, shift);
+            const float gj = dy * gm;
+            sg += gj;
+            sgx = fmaf(gj, xhat, sgx);
+            dgamma[i][2 * w + h] = fmaf(dy, xhat, dgamma[i][2 * w + h]);
+            if (kLayerNorm) dbeta[i][2 * w + h] += dy;
+          }
         }
       }
     }
-    sums = block_reduce_sum2(sums, scratch);
-    const float mean_g = kLayerNorm ? sums.x / C : 0.0f;
-    const float mean_gx = sums.y / C;
+    const float2 sums = block_sum2(make_float2(sg, sgx), scratch[parity]);
+    parity ^= 1;
 
-    // Pass 2: dx.
+    // Pass 2: dx = rs * (g - mean(g) - xhat * mean(g * xhat)), which with xhat = x * rs + shift
+    // is rs * g + x * k1 + k0: two FMAs an element. (Folding shift into k0 loses no more to
+    // cancellation than xhat's own rounding of mean * rs does.)
+    const float mean_g = kLayerNorm ? sums.x * inv_c : 0.0f;
+    const float mean_gx = sums.y * inv_c;
+    const float k1 = -rs * rs * mean_gx;
+    const float k0 = -rs * fmaf(shift, mean_gx, mean_g);
     bf16* dxr = dx + row * C;
-#pragma unroll
-    for (int i = 0; i < kPpt; ++i) {
-      const int p = t + i * T;
-      if (p < packs) {
-        const PackBF16 xv = xs[p], dv = dys[p];
-        PackBF16 prev;
-        if (accumulate_dx) prev = dxs[p];
-        PackBF16 o;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float xhat = (__bfloat162float(xv.v[j]) - mu) * rs;
-          const float gj = __bfloat162float(dv.v[j]) * __bfloat162float(g[i].v[j]);
-          float d = rs * (gj - mean_g - xhat * mean_gx);
-          if (accumulate_dx) d += __bfloat162float(prev.v[j]);
-          o.v[j] = __float2bfloat16_rn(d);
-        }
-        o.store(dxr + p * 8);
-      }
-    }
+    if (accumulate_dx)
+      write_dx<kPpt, kFull, true>(dxr, xs, g, rs, k0, k1, packs);
+    else
+      write_dx<kPpt, kFull, false>(dxr, xs, g, rs, k0, k1, packs);
   }
 
   // This block's partial sums: partials[0][block][:] = dgamma, partials[1][block][:] = dbeta.
   float* pg = partials + static_cast<int64_t>(blockIdx.x) * C;
-  float* pb = partials + static_cast<int64_t>(gridDim.x + blockIdx.x) * C;
+  float* pb = partials + (G + blockIdx.x) * C;
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
     const int p = t + i * T;
-    if (p < packs) {
+    if (owns<kFull>(p, packs)) {
       reinterpret_cast<float4*>(pg + p * 8)[0] =
           make_float4(dgamma[i][0], dgamma[i][1], dgamma[i][2], dgamma[i][3]);
       reinterpret_cast<float4*>(pg + p * 8)[1] =
@@ -368,23 +483,38 @@ void check_shape(int64_t rows, int C) {
                  "norm width C must be a multiple of 8 in [8, 32768], got " + std::to_string(C));
 }
 
-// Smallest packs-per-thread in {1, 2, 4, 8} that keeps a row on at most max_threads(ppt) threads.
-template <typename MaxThreads>
-int packs_per_thread(int packs, MaxThreads max_threads) {
-  int ppt = 1;
-  while (ceil_div(packs, ppt) > max_threads(ppt)) ppt *= 2;
-  return ppt;
+// How a row is spread over threads: ppt packs per thread in {1, 2, 4, 8}, `threads` on the row
+// (whole warps), full when they tile the row's packs exactly.
+struct RowSplit {
+  int ppt = 1, threads = 32;
+  bool full = false;
+};
+
+// Smallest ppt that keeps a row on at most max_threads threads.
+RowSplit split_row(int packs, int max_threads) {
+  RowSplit s;
+  while (ceil_div(packs, s.ppt) > max_threads) s.ppt *= 2;
+  s.threads = ceil_div(ceil_div(packs, s.ppt), 32) * 32;
+  s.full = s.threads * s.ppt == packs;
+  return s;
 }
 
-// Calls f(std::integral_constant<int, ppt>) for a run-time ppt in {1, 2, 4, 8}, ppt <= kMaxPpt.
+// Calls f(std::integral_constant<int, ppt>{}) for a run-time ppt in {1, 2, 4, 8}, ppt <= kMaxPpt.
 template <int kMaxPpt = kMaxPacksPerThread, typename F>
 decltype(auto) with_ppt(int ppt, F&& f) {
   if constexpr (kMaxPpt > 1) {
-    if (ppt > kMaxPpt / 2) return f(std::integral_constant<int, kMaxPpt>{});
-    return with_ppt<kMaxPpt / 2>(ppt, f);
-  } else {
-    return f(std::integral_constant<int, 1>{});
+    if (ppt <= kMaxPpt / 2) return with_ppt<kMaxPpt / 2>(ppt, f);
   }
+  return f(std::integral_constant<int, kMaxPpt>{});
+}
+
+// Calls f(std::integral_constant<int, ppt>{}, std::bool_constant<full>{}) for a run-time split.
+template <typename F>
+decltype(auto) with_split(const RowSplit& s, F&& f) {
+  return with_ppt(s.ppt, [&](auto P) {
+    if (s.full) return f(P, std::true_type{});
+    return f(P, std::false_type{});
+  });
 }
 
 int current_device() {
@@ -400,10 +530,12 @@ int device_attribute(cudaDeviceAttr attr, int device) {
   return value;
 }
 
-// Lets `kernel` use the device's whole opt-in shared memory, once per device: set-up that stays
-// out of the launch path (and out of graph capture). Each kernel instantiation owns its flags.
-template <typename Kernel>
-void allow_large_smem(Kernel kernel, std::once_flag (&done)[kMaxDevices], int device) {
+// Lets the backward use the device's whole opt-in shared memory, once per device: set-up that
+// stays out of the launch path (and out of graph capture). Each instantiation owns its flags.
+template <bool kLayerNorm, int kPpt, bool kFull>
+auto backward_kernel(int device) {
+  static std::once_flag done[kMaxDevices];
+  const auto kernel = norm_backward_kernel<kLayerNorm, kPpt, kFull>;
   std::call_once(done[device], [&] {
     cudaFuncAttributes attr{};
     REPLAY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -411,44 +543,31 @@ void allow_large_smem(Kernel kernel, std::once_flag (&done)[kMaxDevices], int de
     REPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            optin - static_cast<int>(attr.sharedSizeBytes)));
   });
+  return kernel;
 }
 
-template <bool kLayerNorm, int kPpt>
-auto forward_rows_kernel(int device) {
-  static std::once_flag done[kMaxDevices];
-  allow_large_smem(norm_forward_rows_kernel<kLayerNorm, kPpt>, done, device);
-  return norm_forward_rows_kernel<kLayerNorm, kPpt>;
-}
-
-template <bool kLayerNorm, int kPpt>
-auto backward_kernel(int device) {
-  static std::once_flag done[kMaxDevices];
-  allow_large_smem(norm_backward_kernel<kLayerNorm, kPpt>, done, device);
-  return norm_backward_kernel<kLayerNorm, kPpt>;
-}
-
-// Launch shape of a ring kernel: `threads` per block, `blocks_per_sm` resident blocks on every SM
-// (the grid is one wave of them), `stages` ring slots of slot_bytes each.
+// Launch shape of the backward: `threads` per block, `blocks_per_sm` resident blocks on every SM
+// (the grid is one wave of them), `stages` ring slots.
 struct RingPlan {
-  int ppt = 0, threads = 0, blocks_per_sm = 0, blocks = 0, stages = 0;
+  RowSplit split;
+  int blocks_per_sm = 0, blocks = 0, stages = 0;
   size_t smem = 0;
 };
 
 // As many blocks per SM as registers and threads allow, each with enough slots to keep
 // kInflightBytesPerSM in flight across the SM, within its share of the SM's shared memory; fewer
 // blocks per SM when that is what gives each block two slots (a prefetched row). `sizing_bytes`
-// sizes the blocks per SM (the grid, hence the backward's workspace, must not depend on
-// accumulate_dx); `slot_bytes` is the slot actually used. Depends only on the shape and the
-// device, never on timing.
+// sizes the blocks per SM (the grid, hence the workspace, must not depend on accumulate_dx);
+// `slot_bytes` is the slot actually used. Depends only on the shape and the device, never on
+// timing.
 template <typename Kernel>
-RingPlan plan_ring(Kernel kernel, int device, int64_t rows, int ppt, int threads,
+RingPlan plan_ring(Kernel kernel, int device, int64_t rows, const RowSplit& split,
                    size_t sizing_bytes, size_t slot_bytes) {
   RingPlan plan;
-  plan.ppt = ppt;
-  plan.threads = threads;
+  plan.split = split;
   int by_registers = 0;
   REPLAY_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_registers, kernel, threads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_registers, kernel, split.threads, 0));
   REPLAY_REQUIRE(by_registers >= 1, "norm kernel does not fit on an SM");
   cudaFuncAttributes attr{};
   REPLAY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -478,12 +597,10 @@ RingPlan plan_ring(Kernel kernel, int device, int64_t rows, int ppt, int threads
 
 template <bool kLayerNorm>
 RingPlan plan_backward(int device, int64_t rows, int C, bool accumulate_dx) {
-  const int packs = C / 8;
-  const int ppt = packs_per_thread(packs, bwd_max_threads);
-  const int threads = ceil_div(ceil_div(packs, ppt), 32) * 32;
+  const RowSplit split = split_row(C / 8, kMaxBwdThreads);
   const size_t row_bytes = static_cast<size_t>(C) * sizeof(bf16);
-  return with_ppt(ppt, [&](auto P) {
-    return plan_ring(backward_kernel<kLayerNorm, P.value>(device), device, rows, ppt, threads,
+  return with_split(split, [&](auto P, auto full) {
+    return plan_ring(backward_kernel<kLayerNorm, P.value, full.value>(device), device, rows, split,
                      2 * row_bytes, (accumulate_dx ? 3 : 2) * row_bytes);
   });
 }
@@ -503,27 +620,23 @@ void norm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const bf16
                  "norm tensors must be 16-byte aligned");
   REPLAY_REQUIRE(rstd != nullptr && (!kLayerNorm || mean != nullptr), "norm statistics missing");
   const int packs = C / 8;
+  const float inv_c = 1.0f / static_cast<float>(C);
   if (packs <= kWarpRowMaxPacks) {  // one warp per row
     const int ppt = packs <= 32 ? 1 : packs <= 64 ? 2 : 4;
     const int64_t blocks = ceil_div<int64_t>(rows, kWarpRowsPerBlock);
     with_ppt<4>(ppt, [&](auto P) {
       norm_forward_warp_kernel<kLayerNorm, P.value>
           <<<static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream>>>(
-              out, mean, rstd, x, gamma, beta, rows, C, eps);
+              out, mean, rstd, x, gamma, beta, rows, C, inv_c, eps);
       REPLAY_LAUNCH_CHECK();
     });
     return;
   }
-  // One block per row at a time, a ring of rows in flight per block.
-  const int device = current_device();
-  const int ppt = packs_per_thread(packs, [](int) { return kMaxRowThreads; });
-  const int threads = ceil_div(ceil_div(packs, ppt), 32) * 32;
-  const size_t row_bytes = static_cast<size_t>(C) * sizeof(bf16);
-  with_ppt(ppt, [&](auto P) {
-    const auto kernel = forward_rows_kernel<kLayerNorm, P.value>(device);
-    const RingPlan plan = plan_ring(kernel, device, rows, ppt, threads, row_bytes, row_bytes);
-    kernel<<<plan.blocks, plan.threads, plan.smem, stream>>>(out, mean, rstd, x, gamma, beta, rows,
-                                                             C, plan.stages, eps);
+  const RowSplit split = split_row(packs, kMaxRowThreads);
+  with_ppt(split.ppt, [&](auto P) {
+    norm_forward_block_kernel<kLayerNorm, P.value>
+        <<<static_cast<unsigned>(rows), split.threads, 0, stream>>>(out, mean, rstd, x, gamma, beta,
+                                                                    C, inv_c, eps);
     REPLAY_LAUNCH_CHECK();
   });
 }
@@ -548,9 +661,11 @@ void norm_backward(bf16* dx, float* dgamma, float* dbeta, const bf16* dout, cons
                  "norm backward workspace too small: " + std::to_string(workspace_bytes) + " < " +
                      std::to_string(needed));
   float* partials = static_cast<float*>(workspace);
-  with_ppt(plan.ppt, [&](auto P) {
-    backward_kernel<kLayerNorm, P.value>(device)<<<plan.blocks, plan.threads, plan.smem, stream>>>(
-        dx, partials, dout, x, gamma, mean, rstd, rows, C, plan.stages, accumulate_dx);
+  const float inv_c = 1.0f / static_cast<float>(C);
+  with_split(plan.split, [&](auto P, auto full) {
+    const auto kernel = backward_kernel<kLayerNorm, P.value, full.value>(device);
+    kernel<<<plan.blocks, plan.split.threads, plan.smem, stream>>>(
+        dx, partials, dout, x, gamma, mean, rstd, rows, C, inv_c, plan.stages, accumulate_dx);
     REPLAY_LAUNCH_CHECK();
   });
   column_sums(kOutputs, dgamma, dbeta, partials, plan.blocks, C, accumulate_param_grads, stream);

@@ -209,6 +209,18 @@ class OpsComparison(TempDirCase):
         self.assertEqual(cells[6], "0.700")
         self.assertEqual(cells[8], "FAIL")
 
+    def test_determinism_section(self):
+        nondet = ops_doc("replay-ops", [entry("s.attention.fwd_bwd", "attention", 0.8)])
+        rp = self.write("replay.json", replay_doc())
+        pp = self.write("pytorch.json", pytorch_doc())
+        np_ = self.write("nondet.json", nondet)
+        md, _, _ = report.report_ops(rp, pp, os.path.join(self.dir, "out"), np_)
+        with open(md) as f:
+            text = f.read()
+        self.assertIn("What the deterministic attention backward costs", text)
+        cells = table_row(text.split("What the deterministic")[1], "`s.attention.fwd_bwd`")
+        self.assertEqual(cells[1:6], ["1", "0.8", "0.98", "0.980", "1.225"])
+
     def test_kernels_judged_on_the_stream_time_when_present(self):
         r = replay_doc()
         for e in r["results"]:

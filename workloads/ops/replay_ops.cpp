@@ -126,7 +126,7 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
 // Attention forward alone, and forward then backward, on the layout the QKV GEMM produces: q, k and v
 // are views into one token-major buffer [B, S, (Hq + 2 Hkv) D] (kFusedQKV), and the backward writes one
 // fused dQKV buffer.
-void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
+void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s, bool deterministic) {
   AttentionDesc d;
   d.batch = 1;
   d.heads_q = s.q_heads;
@@ -135,6 +135,7 @@ void add_attention_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s)
   d.head_dim_qk = s.head_dim;
   d.causal = true;
   d.layout = AttentionLayout::kFusedQKV;
+  d.deterministic = deterministic;
   const AttentionPlan* plan = &sh.attention.get(sh.ctx, d);
   const double fwd_flops = 4.0 * d.batch * d.heads_q * double(d.seq_q) * d.seq_q * d.head_dim_qk / 2;
   for (bool backward : {false, true}) {
@@ -453,6 +454,10 @@ int run(int argc, char** argv) {
   app.add_flag("--gemm-autotune", autotune,
                "time cuBLASLt's top heuristic candidates at set-up and keep the fastest (the choice, and so "
                "the bits, may then differ between runs)");
+  bool nondeterministic = false;
+  app.add_flag("--attention-nondeterministic", nondeterministic,
+               "time cuDNN's non-deterministic attention backward (PyTorch's default) instead of the "
+               "deterministic one the workloads use, to measure what determinism costs");
   CLI11_PARSE(app, argc, argv);
   std::regex filter(only.empty() ? ".*" : only);
 
@@ -469,8 +474,8 @@ int run(int argc, char** argv) {
   std::vector<OpCase> cases;
   add_gemm_cases(cases, sh, kGpt3);
   add_gemm_cases(cases, sh, kLlama);
-  add_attention_cases(cases, sh, kGpt3);
-  add_attention_cases(cases, sh, kLlama);
+  add_attention_cases(cases, sh, kGpt3, !nondeterministic);
+  add_attention_cases(cases, sh, kLlama, !nondeterministic);
   add_kernel_cases(cases, ctx);
   cases.erase(std::remove_if(cases.begin(), cases.end(),
                              [&](const OpCase& c) { return !std::regex_search(c.name, filter); }),
@@ -525,7 +530,8 @@ int run(int argc, char** argv) {
                        {"timer", "cuda events around each repeat"},
                        {"stream_timer", "memory-bound kernels: cuda events around each replay of a graph of " +
                                             std::to_string(kStreamCalls) + "+ back-to-back calls over rotating buffer sets"},
-                       {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"}};
+                       {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"},
+                       {"attention_backward", nondeterministic ? "non-deterministic" : "deterministic"}};
     out["peaks"] = {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}};
     out["results"] = results;
     bench::write_json(json_path, out);
