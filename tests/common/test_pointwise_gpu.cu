@@ -60,9 +60,8 @@ struct NormShape {
 };
 
 // Warp-per-row and block-per-row forwards; C = 1032 leaves the last warp partly idle. The row
-// counts exceed the backward's grid (one block per SM for C >= 4096, several for narrow rows), so
-// blocks walk several rows through the cp.async pipeline (5 stages at C = 4096, 2 at 12288 and
-// 16384, 1 at 32768).
+// counts exceed the backward's persistent grid (one block per SM for wide rows, several for narrow
+// ones), so its blocks walk several rows through the cp.async ring, down to a single stage at 32768.
 const NormShape kNormShapes[] = {{1, 8},      {7, 40},      {5000, 64},   {1000, 1024}, {9, 1032},
                                  {301, 4096}, {140, 12288}, {270, 16384}, {3, 32768}};
 
