@@ -261,8 +261,10 @@ TEST(CrossEntropyGpu, MatchesReferenceForAnyWidth) {
     int offset;  // bf16 elements past a 16-byte boundary
     float dloss;
   };
+  // {3000, 512} and {600, 32000}: more rows than a wave of blocks, at a small and a wide width.
   const Case cases[] = {{64, 32000, 0, 1.0f}, {32, 12576, 0, 1.0f}, {24, 50257, 0, 1024.0f},
-                        {20, 50304, 3, 1.0f}, {16, 13, 0, 1.0f},    {9, 7, 5, 2.0f}};
+                        {20, 50304, 3, 1.0f}, {16, 13, 0, 1.0f},    {9, 7, 5, 2.0f},
+                        {3000, 512, 0, 1.0f}, {600, 32000, 0, 1.0f}};
   for (const Case& c : cases) {
     const std::vector<float> logits =
         round_bf16(test::random_normal(c.rows * c.vocab, 41, 0.0f, 3.0f));
