@@ -75,8 +75,9 @@ if [ "$pytorch" = 1 ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda
 else
   echo "bench.sh: PyTorch with CUDA not importable: baselines skipped"
 fi
+op_rounds=3
 mkdir -p "$out/rounds"
-for round in 1 2 3; do
+for round in $(seq "$op_rounds"); do
   run rounds/replay_ops_$round "$bin/replay-ops" --warmup "$warmup" --repeats "$repeats" \
     --json "$out/rounds/replay_ops_$round.json"
   if [ "$have_torch" = 1 ]; then
@@ -103,8 +104,10 @@ PY
 # default algorithm), reported in its own section; no workload uses it.
 run ops_attention_nondeterministic "$bin/replay-ops" --only 'attention' --attention-nondeterministic \
   --warmup "$warmup" --repeats "$repeats" --json "$out/ops_attention_nondeterministic.json"
-ls "$out"/rounds/replay_ops_[123].json >/dev/null 2>&1 && best_of "$out/replay_ops.json" "$out"/rounds/replay_ops_[123].json
-ls "$out"/rounds/pytorch_ops_[123].json >/dev/null 2>&1 && best_of "$out/pytorch_ops.json" "$out"/rounds/pytorch_ops_[123].json
+for tool in replay pytorch; do
+  ls "$out"/rounds/${tool}_ops_[0-9]*.json >/dev/null 2>&1 \
+    && best_of "$out/${tool}_ops.json" "$out"/rounds/${tool}_ops_[0-9]*.json
+done
 if [ -x "$bin/replay-graphs-bench" ]; then
   run graphs_bench "$bin/replay-graphs-bench" --json "$out/graphs_bench.json" \
     $([ "$quick" = 1 ] && echo "--repeats 5")
