@@ -19,15 +19,18 @@
 //
 // Backward: a persistent grid (one block of up to 768 threads per SM for wide rows) walks rows b,
 // b + gridDim.x, ... Every thread owns the same columns in every row, so its gamma stays in
-// registers and the dgamma/dbeta contributions accumulate in registers; each block writes one
-// partial row and column_sums adds the partials in a fixed order, as a programmatic dependent
-// launch. The accumulators (2 * C / T a thread for LayerNorm) rule out several blocks per SM, so
-// the rows are streamed into a ring of shared-memory stages with cp.async, `stages - 1` rows
-// ahead (~96 KB in flight per SM), and loads stay in flight while the block reduces and writes.
-// A thread reads back only the packs it copied itself, so the ring needs no barrier. Pass 1 reads
-// x and dout from the ring and forms the two row sums and the parameter gradients; pass 2
-// re-reads them (recomputing costs less than holding them in registers) and writes
-// dx = rstd * g + x * k1 + k0, the two row sums folded into k0 and k1.
+// registers and the dgamma/dbeta contributions accumulate in registers. The accumulators
+// (2 * C / T a thread for LayerNorm) rule out several blocks per SM, so the rows are streamed into
+// a ring of shared-memory stages with cp.async, `stages - 1` rows ahead (~96 KB in flight per SM),
+// and loads stay in flight while the block reduces and writes. A thread reads back only the packs
+// it copied itself, so the ring needs no barrier; a row's LayerNorm statistics come with it (see
+// ring_issue). Pass 1 reads x and dout from the ring and forms the two row sums and the parameter
+// gradients; pass 2 re-reads them (recomputing costs less than holding them in registers) and
+// writes dx = rstd * g + x * k1 + k0, the two row sums folded into k0 and k1. At the end, the
+// blocks of a cluster (two, where every pair fits on the device at once) add their sums through
+// distributed shared memory and write one partial row, which column_sums adds in a fixed order as
+// a programmatic dependent launch: half the bytes of a partial row a block (13 MB at C = 12288),
+// written when nothing is left to overlap them (2048 x 12288 on an H200: 49.7 -> 47.3 us).
 #include "common/kernels/norms.h"
 
 #include <algorithm>
@@ -35,6 +38,8 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+
+#include <cooperative_groups.h>
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
@@ -108,6 +113,12 @@ __device__ __forceinline__ Pairs load_param(const bf16* v, int p) {  // gamma/be
 
 __device__ __forceinline__ void store_pairs(bf16* row, int p, const Pairs& v) {
   reinterpret_cast<uint4*>(row)[p] = *reinterpret_cast<const uint4*>(v.w);
+}
+
+// Eight fp32 values to 32 bytes at a 16-byte boundary.
+__device__ __forceinline__ void store_floats8(float* dst, const float (&v)[8]) {
+  reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
 // Whether pack p exists: always, when the threads tile the row exactly.
@@ -271,9 +282,20 @@ __global__ void __launch_bounds__(kMaxRowThreads, fwd_min_blocks(kPpt))
 // ---------------------------------------------------------------------------------------------------
 // Backward.
 
+// A ring slot's statistics: one (mean, rstd) pair a warp for LayerNorm (see ring_issue), rounded up
+// to keep slots 16-byte aligned.
+__host__ __device__ constexpr int ring_stats_bytes(bool layer_norm, int threads) {
+  return layer_norm ? (threads / 32 * 8 + 15) / 16 * 16 : 0;
+}
+
 // Asynchronous global -> shared copies (sm_80+), L1 bypassed; smem is a shared-window address.
 __device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
+
+// Four bytes, through L1.
+__device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -315,11 +337,22 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // slot, and always commits a group, so that the block's k-th group belongs to its k-th row.
 // src_t[s] is tensor s advanced to this thread's first pack, slot_t the slot's shared address
 // advanced likewise (tensor s at pack offset s * packs): per pack, one address add on each side.
-template <int kPpt, bool kFull>
-__device__ __forceinline__ void ring_issue(uint32_t slot_t, int64_t row, int64_t rows, int C,
-                                           const bf16* const (&src_t)[3], int n) {
+// For LayerNorm, lane 0 also copies the row's mean and rstd to its warp's pair of floats at
+// stat_w, which the warp reads after the wait and a __syncwarp. (Loaded into registers, even a
+// row ahead, they are waited for where the compiler moves them, to uniform registers at once:
+// every warp stalled on a DRAM round trip at the start of every row, ~25% of its time: 59.3
+// instead of 49.7 us at 2048 x 12288 on an H200. For RMSNorm, whose warps have twice the work
+// a row, the copy measured no faster at 8192 x 16384, so it loads its rstd.)
+template <bool kLayerNorm, int kPpt, bool kFull>
+__device__ __forceinline__ void ring_issue(uint32_t slot_t, uint32_t stat_w, int64_t row,
+                                           int64_t rows, int C, const bf16* const (&src_t)[3],
+                                           int n, const float* mean, const float* rstd) {
   const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
   if (row < rows) {
+    if (kLayerNorm && t % 32 == 0) {
+      cp_async_4(stat_w, mean + row);
+      cp_async_4(stat_w + 4, rstd + row);
+    }
     const int64_t offset = row * C;
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
@@ -374,17 +407,23 @@ __global__ void __launch_bounds__(bwd_max_threads(kPpt), 1)
     norm_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout, const bf16* x,
                          const bf16* __restrict__ gamma, const float* __restrict__ mean,
                          const float* __restrict__ rstd, int64_t rows, int C, float inv_c,
-                         int stages, bool accumulate_dx) {
+                         int stages, int cluster, bool accumulate_dx) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float scratch[2][64];  // alternate rows: one barrier per reduction
   allow_dependent_launch();         // column_sums may be placed while this grid runs
-  Pairs* ring = reinterpret_cast<Pairs*>(smem);
   const int t = threadIdx.x, T = blockDim.x, packs = C / 8;
   const int64_t G = gridDim.x;
   const int tensors = accumulate_dx ? 3 : 2;
-  const int slot_packs = tensors * packs;
+  // A slot: the tensors' packs of a row, then (LayerNorm) every warp's (mean, rstd) of that row.
+  const int stats_offset = tensors * packs * 16, warp = t / 32;
+  const int slot_bytes = stats_offset + ring_stats_bytes(kLayerNorm, T);
   const bf16* const src_t[3] = {x + t * 8, dout + t * 8, dx + t * 8};
-  const uint32_t ring_t = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + t * 16;
+  const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t ring_t = ring_base + t * 16, stat_w = ring_base + stats_offset + warp * 8;
+  auto issue = [&](int slot, int64_t row) {
+    ring_issue<kLayerNorm, kPpt, kFull>(ring_t + slot * slot_bytes, stat_w + slot * slot_bytes, row,
+                                        rows, C, src_t, tensors, mean, rstd);
+  };
 
   Pairs g[kPpt];
   float dgamma[kPpt][8], dbeta[kPpt][8];
@@ -397,19 +436,26 @@ __global__ void __launch_bounds__(bwd_max_threads(kPpt), 1)
 
   // The block's k-th row lands in slot k % stages; the slot refilled while row k is processed
   // is the one row k - 1 was read from, by the same threads, whose reads were used (complete).
-  for (int s = 0; s < stages - 1; ++s)
-    ring_issue<kPpt, kFull>(ring_t + s * slot_packs * 16, blockIdx.x + s * G, rows, C, src_t,
-                            tensors);
+  for (int s = 0; s < stages - 1; ++s) issue(s, blockIdx.x + s * G);
   int read_slot = 0, write_slot = stages - 1, parity = 0;
-  int64_t ahead = blockIdx.x + (stages - 1) * G;
-  for (int64_t row = blockIdx.x; row < rows; row += G, ahead += G) {
-    ring_issue<kPpt, kFull>(ring_t + write_slot * slot_packs * 16, ahead, rows, C, src_t, tensors);
+  const int64_t ahead = (stages - 1) * G;  // rows between the one read and the one issued
+  for (int64_t row = blockIdx.x; row < rows; row += G) {
+    issue(write_slot, row + ahead);
     write_slot = write_slot + 1 == stages ? 0 : write_slot + 1;
-    const float mu = kLayerNorm ? mean[row] : 0.0f;  // issued before the wait: latency hidden
-    const float rs = rstd[row];
-    cp_async_wait(stages - 1);  // row k has landed
-    const Pairs* xs = ring + read_slot * slot_packs;
+    const unsigned char* slot = smem + read_slot * slot_bytes;
     read_slot = read_slot + 1 == stages ? 0 : read_slot + 1;
+    const Pairs* xs = reinterpret_cast<const Pairs*>(slot);
+    float mu = 0.0f, rs;
+    if constexpr (kLayerNorm) {
+      cp_async_wait(stages - 1);  // row k has landed
+      __syncwarp();               // with lane 0's copy of its statistics, for the whole warp
+      const float2 st = reinterpret_cast<const float2*>(slot + stats_offset)[warp];
+      mu = st.x;
+      rs = st.y;
+    } else {
+      rs = rstd[row];
+      cp_async_wait(stages - 1);
+    }
     const float shift = -mu * rs;  // xhat = x * rs + shift
 
     // Pass 1: sum(g) and sum(g * xhat) with g = dout * gamma, and this row's share of the
@@ -454,25 +500,56 @@ __global__ void __launch_bounds__(bwd_max_threads(kPpt), 1)
       write_dx<kPpt, kFull, false>(dxr, xs, g, rs, k0, k1, packs);
   }
 
-  // This block's partial sums: partials[0][block][:] = dgamma, partials[1][block][:] = dbeta.
-  float* pg = partials + static_cast<int64_t>(blockIdx.x) * C;
-  float* pb = partials + (G + blockIdx.x) * C;
+  if (cluster == 1) {
+    // This block's partial sums: partials[0][block][:] = dgamma, partials[1][block][:] = dbeta.
+    float* pg = partials + static_cast<int64_t>(blockIdx.x) * C;
+    float* pb = partials + (G + blockIdx.x) * C;
+#pragma unroll
+    for (int i = 0; i < kPpt; ++i) {
+      const int p = t + i * T;
+      if (owns<kFull>(p, packs)) {
+        store_floats8(pg + p * 8, dgamma[i]);
+        if (kLayerNorm) store_floats8(pb + p * 8, dbeta[i]);
+      }
+    }
+    return;
+  }
+
+  // A cluster's blocks add their sums through distributed shared memory and write one partial row
+  // between them (partials[k][cluster][:]): cluster-size times fewer partial bytes written at the
+  // end, when nothing else is left to overlap them, and read back by column_sums. Each block
+  // leaves its sums in its own ring (no copy is in flight any more), then block r adds columns
+  // r * T * 4 + ..., stride cluster * T * 4, over the cluster's blocks in rank order.
+  cp_async_wait(0);
+  __syncthreads();                               // every thread's ring reads are done
+  float* sums = reinterpret_cast<float*>(smem);  // [outputs][C]
 #pragma unroll
   for (int i = 0; i < kPpt; ++i) {
     const int p = t + i * T;
     if (owns<kFull>(p, packs)) {
-      reinterpret_cast<float4*>(pg + p * 8)[0] =
-          make_float4(dgamma[i][0], dgamma[i][1], dgamma[i][2], dgamma[i][3]);
-      reinterpret_cast<float4*>(pg + p * 8)[1] =
-          make_float4(dgamma[i][4], dgamma[i][5], dgamma[i][6], dgamma[i][7]);
-      if (kLayerNorm) {
-        reinterpret_cast<float4*>(pb + p * 8)[0] =
-            make_float4(dbeta[i][0], dbeta[i][1], dbeta[i][2], dbeta[i][3]);
-        reinterpret_cast<float4*>(pb + p * 8)[1] =
-            make_float4(dbeta[i][4], dbeta[i][5], dbeta[i][6], dbeta[i][7]);
-      }
+      store_floats8(sums + p * 8, dgamma[i]);
+      if (kLayerNorm) store_floats8(sums + C + p * 8, dbeta[i]);
     }
   }
+  namespace cg = cooperative_groups;
+  const cg::cluster_group group = cg::this_cluster();
+  group.sync();  // every block's sums are visible to the cluster
+  const int rank = static_cast<int>(group.block_rank());
+  const int64_t parts = G / cluster, part = blockIdx.x / cluster;
+  constexpr int kOutputs = kLayerNorm ? 2 : 1;
+  for (int q = rank * T + t; q < kOutputs * C / 4; q += cluster * T) {
+    float4 total = reinterpret_cast<const float4*>(group.map_shared_rank(sums, 0))[q];
+    for (int k = 1; k < cluster; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(group.map_shared_rank(sums, k))[q];
+      total.x += v.x;
+      total.y += v.y;
+      total.z += v.z;
+      total.w += v.w;
+    }
+    const int output = q / (C / 4), column = q % (C / 4);
+    reinterpret_cast<float4*>(partials + (output * parts + part) * C)[column] = total;
+  }
+  group.sync();  // no block leaves while another still reads its shared memory
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -552,22 +629,62 @@ auto backward_kernel(int device) {
 }
 
 // Launch shape of the backward: `threads` per block, `blocks_per_sm` resident blocks on every SM
-// (the grid is one wave of them), `stages` ring slots.
+// (the grid is one wave of them), `stages` ring slots, clusters of `cluster` blocks that add their
+// parameter-gradient sums before writing them (blocks / cluster partial rows an output).
 struct RingPlan {
   RowSplit split;
-  int blocks_per_sm = 0, blocks = 0, stages = 0;
+  int blocks_per_sm = 0, blocks = 0, stages = 0, cluster = 1;
   size_t smem = 0;
+
+  int parts() const { return blocks / cluster; }
 };
+
+// The launch configuration of the backward kernel (the cluster attribute's storage is `attr`).
+cudaLaunchConfig_t ring_config(const RingPlan& plan, cudaStream_t stream,
+                               cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(plan.blocks);
+  config.blockDim = dim3(plan.split.threads);
+  config.dynamicSmemBytes = plan.smem;
+  config.stream = stream;
+  attr = cudaLaunchAttribute{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = plan.cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = plan.cluster > 1 ? 1 : 0;  // (a cluster of one is scheduled as a cluster)
+  return config;
+}
+
+// The largest cluster (4 or 2 blocks) whose clusters all fit on the device at once and whose
+// blocks' rings can hold their sums (`sums_bytes`); 1 when none does.
+template <typename Kernel>
+int pick_cluster(Kernel kernel, const RingPlan& plan, size_t sums_bytes) {
+  if (plan.smem < sums_bytes) return 1;
+  for (int cluster : {4, 2}) {
+    if (plan.blocks % cluster != 0) continue;
+    RingPlan trial = plan;
+    trial.cluster = cluster;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = ring_config(trial, nullptr, attr);
+    int clusters = 0;
+    REPLAY_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    if (static_cast<int64_t>(clusters) * cluster >= plan.blocks) return cluster;
+  }
+  return 1;
+}
 
 // As many blocks per SM as registers and threads allow, each with enough slots to keep
 // kInflightBytesPerSM in flight across the SM, within its share of the SM's shared memory; fewer
 // blocks per SM when that is what gives each block two slots (a prefetched row). `sizing_bytes`
 // sizes the blocks per SM (the grid, hence the workspace, must not depend on accumulate_dx);
-// `slot_bytes` is the slot actually used. Depends only on the shape and the device, never on
+// `slot_bytes` is the slot actually used; `sums_bytes` is what a block's parameter-gradient sums
+// take in its ring when a cluster adds them. Depends only on the shape and the device, never on
 // timing.
 template <typename Kernel>
 RingPlan plan_ring(Kernel kernel, int device, int64_t rows, const RowSplit& split,
-                   size_t sizing_bytes, size_t slot_bytes) {
+                   size_t sizing_bytes, size_t slot_bytes, size_t sums_bytes) {
   RingPlan plan;
   plan.split = split;
   int by_registers = 0;
@@ -597,6 +714,7 @@ RingPlan plan_ring(Kernel kernel, int device, int64_t rows, const RowSplit& spli
   plan.smem = plan.stages * slot_bytes;
   const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
   plan.blocks = static_cast<int>(std::min<int64_t>(rows, sms * b));
+  plan.cluster = pick_cluster(kernel, plan, sums_bytes);
   return plan;
 }
 
@@ -605,15 +723,19 @@ RingPlan plan_backward(int device, int64_t rows, int C, bool accumulate_dx) {
   RowSplit split = split_row(C / 8, kMaxBwdThreadsNarrow);
   if (split.threads > bwd_max_threads(split.ppt)) split = split_row(C / 8, kMaxBwdThreads);
   const size_t row_bytes = static_cast<size_t>(C) * sizeof(bf16);
+  const size_t stats_bytes = ring_stats_bytes(kLayerNorm, split.threads);
   return with_split(split, [&](auto P, auto full) {
     return plan_ring(backward_kernel<kLayerNorm, P.value, full.value>(device), device, rows, split,
-                     2 * row_bytes, (accumulate_dx ? 3 : 2) * row_bytes);
+                     2 * row_bytes + stats_bytes, (accumulate_dx ? 3 : 2) * row_bytes + stats_bytes,
+                     (kLayerNorm ? 2 : 1) * static_cast<size_t>(C) * sizeof(float));
   });
 }
 
 template <bool kLayerNorm>
 size_t backward_workspace_bytes(int64_t rows, int C) {
   check_shape(rows, C);
+  // Sized for one partial row a block: enough whether or not a cluster adds them (which depends on
+  // accumulate_dx through the ring's size).
   const RingPlan plan = plan_backward<kLayerNorm>(current_device(), rows, C, false);
   return static_cast<size_t>(kLayerNorm ? 2 : 1) * plan.blocks * C * sizeof(float);
 }
@@ -662,7 +784,7 @@ void norm_backward(bf16* dx, float* dgamma, float* dbeta, const bf16* dout, cons
   constexpr int kOutputs = kLayerNorm ? 2 : 1;
   const int device = current_device();
   const RingPlan plan = plan_backward<kLayerNorm>(device, rows, C, accumulate_dx);
-  const size_t needed = static_cast<size_t>(kOutputs) * plan.blocks * C * sizeof(float);
+  const size_t needed = static_cast<size_t>(kOutputs) * plan.parts() * C * sizeof(float);
   REPLAY_REQUIRE(workspace != nullptr && workspace_bytes >= needed,
                  "norm backward workspace too small: " + std::to_string(workspace_bytes) + " < " +
                      std::to_string(needed));
@@ -670,11 +792,13 @@ void norm_backward(bf16* dx, float* dgamma, float* dbeta, const bf16* dout, cons
   const float inv_c = 1.0f / static_cast<float>(C);
   with_split(plan.split, [&](auto P, auto full) {
     const auto kernel = backward_kernel<kLayerNorm, P.value, full.value>(device);
-    kernel<<<plan.blocks, plan.split.threads, plan.smem, stream>>>(
-        dx, partials, dout, x, gamma, mean, rstd, rows, C, inv_c, plan.stages, accumulate_dx);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t config = ring_config(plan, stream, attr);
+    REPLAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, dx, partials, dout, x, gamma, mean, rstd,
+                                         rows, C, inv_c, plan.stages, plan.cluster, accumulate_dx));
     REPLAY_LAUNCH_CHECK();
   });
-  column_sums(kOutputs, dgamma, dbeta, partials, plan.blocks, C, accumulate_param_grads, stream);
+  column_sums(kOutputs, dgamma, dbeta, partials, plan.parts(), C, accumulate_param_grads, stream);
 }
 
 }  // namespace
