@@ -653,7 +653,7 @@ cudaLaunchConfig_t ring_config(const RingPlan& plan, cudaStream_t stream,
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   config.attrs = &attr;
-  config.numAttrs = plan.cluster > 1 ? 1 : 0;  // (a cluster of one is scheduled as a cluster)
+  config.numAttrs = plan.cluster > 1 ? 1 : 0;  // a cluster of one: a plain launch
   return config;
 }
 
