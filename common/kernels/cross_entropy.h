@@ -39,6 +39,14 @@ constexpr int64_t cross_entropy_stats_floats(int64_t rows) {
 void cross_entropy_stats(float* stats, const __nv_bfloat16* logits, const int32_t* targets,
                          const CrossEntropyShape& shape, cudaStream_t stream);
 
+// Without tensor parallelism: the statistics, the row losses, their mean and the count from this
+// shard's vocabulary alone, bit for bit what cross_entropy_stats then cross_entropy_loss give. The
+// statistics kernel also writes each row's loss, so the one-block programmatic dependent that
+// sums them reads one float a row rather than the statistics' three.
+void cross_entropy_forward(float* stats, float* row_loss, float* mean_loss, int32_t* count,
+                           const __nv_bfloat16* logits, const int32_t* targets,
+                           const CrossEntropyShape& shape, cudaStream_t stream);
+
 // Combines `shards` stacked statistics [shards][3 * rows] (what an all-gather of every rank's stats
 // produces, in rank order) into the statistics of the whole vocabulary [3 * rows]. Fixed order.
 void cross_entropy_combine_stats(float* stats, const float* stacked, int shards, int64_t rows,

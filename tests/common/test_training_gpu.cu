@@ -164,7 +164,8 @@ struct CeOutput {
 
 // Runs stats -> combine -> loss -> backward with the vocabulary split into `widths` (one entry: no
 // split). Each shard's logits live in their own buffer, starting `offset` bf16 elements past a
-// 256-byte boundary; the backward runs in place.
+// 256-byte boundary; the backward runs in place. Unsplit, it also runs cross_entropy_forward and
+// expects the same statistics, row losses, mean and count, bit for bit.
 CeOutput run_cross_entropy(const std::vector<float>& logits, const std::vector<int32_t>& targets,
                            int64_t rows, const std::vector<int64_t>& widths, float dloss,
                            int offset) {
@@ -195,6 +196,22 @@ CeOutput run_cross_entropy(const std::vector<float>& logits, const std::vector<i
   cross_entropy_combine_stats(stats.get(), stacked.get(), shards, rows, kStream);
   cross_entropy_loss(row_loss.get(), mean.get(), count.get(), stats.get(), d_targets.get(), rows,
                      kStream);
+  if (shards == 1) {
+    DeviceBuffer<float> f_stats(cross_entropy_stats_floats(rows)), f_row_loss(rows), f_mean(1);
+    DeviceBuffer<int32_t> f_count(1);
+    cross_entropy_forward(f_stats.get(), f_row_loss.get(), f_mean.get(), f_count.get(),
+                          shard_logits[0]->get() + offset, d_targets.get(), {rows, vocab, 0},
+                          kStream);
+    const std::string what =
+        "forward vs stats + loss, rows " + std::to_string(rows) + " vocab " + std::to_string(vocab);
+    const std::vector<float> a = f_stats.download(), b = stats.download();
+    EXPECT_TRUE(bit_equal(what + ": stats", a.data(), b.data(), a.size() * sizeof(float)));
+    const std::vector<float> la = f_row_loss.download(), lb = row_loss.download();
+    EXPECT_TRUE(bit_equal(what + ": row loss", la.data(), lb.data(), la.size() * sizeof(float)));
+    const float ma = f_mean.download()[0], mb = mean.download()[0];
+    EXPECT_TRUE(bit_equal(what + ": mean", &ma, &mb, sizeof(float)));
+    EXPECT_EQ(f_count.download()[0], count.download()[0]) << what;
+  }
   CeOutput out;
   out.dlogits.resize(rows * vocab);
   start = 0;
@@ -262,9 +279,11 @@ TEST(CrossEntropyGpu, MatchesReferenceForAnyWidth) {
     float dloss;
   };
   // {3000, 512} and {600, 32000}: more rows than a wave of blocks, at a small and a wide width.
-  const Case cases[] = {{64, 32000, 0, 1.0f}, {32, 12576, 0, 1.0f}, {24, 50257, 0, 1024.0f},
-                        {20, 50304, 3, 1.0f}, {16, 13, 0, 1.0f},    {9, 7, 5, 2.0f},
-                        {3000, 512, 0, 1.0f}, {600, 32000, 0, 1.0f}};
+  // The statistics take 5 packs a thread at 12576 (GPT-3's TP4 shard), 8 at 16032 (Llama's TP8
+  // shard) and 32000, 4 at 512, and several chunks a row at 50257 and 50304.
+  const Case cases[] = {{64, 32000, 0, 1.0f}, {32, 12576, 0, 1.0f},  {24, 50257, 0, 1024.0f},
+                        {20, 50304, 3, 1.0f}, {16, 13, 0, 1.0f},     {9, 7, 5, 2.0f},
+                        {3000, 512, 0, 1.0f}, {600, 32000, 0, 1.0f}, {40, 16032, 0, 1.0f}};
   for (const Case& c : cases) {
     const std::vector<float> logits =
         round_bf16(test::random_normal(c.rows * c.vocab, 41, 0.0f, 3.0f));
@@ -449,7 +468,6 @@ TEST(AdamWGpu, NoOpFlagLeavesEverythingBitwiseUnchanged) {
     ASSERT_TRUE(bit_equal("bf16 copy " + std::to_string(i), before.second[i].data(),
                           after.second[i].data(), before.second[i].size() * 2));
 }
-
 
 // ---- grad norm -------------------------------------------------------------------------------
 

@@ -293,9 +293,8 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
        {"row_loss", DType::kFP32, M}, {"loss", DType::kFP32, 1}, {"count", DType::kINT32, 1}},
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
-        cross_entropy_stats(ptr<float>(a, id, 2), ptr<bf16>(a, id, 0), ptr<int32_t>(a, id, 1), {M, V, 0}, s);
-        cross_entropy_loss(ptr<float>(a, id, 3), ptr<float>(a, id, 4), ptr<int32_t>(a, id, 5), ptr<float>(a, id, 2),
-                           ptr<int32_t>(a, id, 1), M, s);
+        cross_entropy_forward(ptr<float>(a, id, 2), ptr<float>(a, id, 3), ptr<float>(a, id, 4), ptr<int32_t>(a, id, 5),
+                              ptr<bf16>(a, id, 0), ptr<int32_t>(a, id, 1), {M, V, 0}, s);
       }));
   cases.push_back(kernel_case(
       l2, "gpt3_175b_tp4.cross_entropy.bwd", {{"rows", M}, {"vocab_shard", V}}, 4.0 * M * V,

@@ -417,13 +417,12 @@ void Transformer::head(int mb, cudaStream_t s) const {
   GemmArgs fwd;
   fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits;
   gemm(lm_head_.forward, fwd, s);
-  // Vocab-parallel cross-entropy; under tensor parallelism the statistics would be all-gathered and
-  // combined here (cross_entropy_combine_stats) before the loss.
+  // Cross-entropy over this shard's vocabulary; under tensor parallelism the statistics would be
+  // all-gathered and combined (cross_entropy_stats, cross_entropy_combine_stats,
+  // cross_entropy_loss) instead.
   hook();
-  cross_entropy_stats(ptr<float>(ce_stats_), logits, targets(mb), ce, s);
-  hook();
-  cross_entropy_loss(ptr<float>(row_loss_), loss_of(mb), ptr<int32_t>(count_),
-                     ptr<float>(ce_stats_), targets(mb), M, s);
+  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss_of(mb),
+                        ptr<int32_t>(count_), logits, targets(mb), ce, s);
   hook();
   cross_entropy_backward(logits, logits, ptr<float>(ce_stats_), targets(mb), ptr<int32_t>(count_),
                          ptr<float>(dloss_), ce, s);  // dlogits in place
