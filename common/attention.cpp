@@ -440,20 +440,25 @@ void prepare_call(const AttentionDesc& d, uint64_t counters_per_position, size_t
   pack[kOffset] = offset;
 }
 
-}  // namespace
-
-void AttentionPlan::forward(const Context& ctx, cudaStream_t stream, const AttentionIO& io,
-                            RngArgs rng, void* workspace, size_t workspace_bytes) const {
+// The forward's tensors (the backward's inputs), checked for alignment, by graph uid.
+std::unordered_map<int64_t, void*> io_pack(const AttentionIO& io) {
   require_aligned(io.q, "q");
   require_aligned(io.k, "k");
   require_aligned(io.v, "v");
   require_aligned(io.o, "o");
   require_aligned(io.stats, "stats");
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(io.q)},
-                                             {kK, const_cast<void*>(io.k)},
-                                             {kV, const_cast<void*>(io.v)},
-                                             {kO, io.o},
-                                             {kStats, io.stats}};
+  return {{kQ, const_cast<void*>(io.q)},
+          {kK, const_cast<void*>(io.k)},
+          {kV, const_cast<void*>(io.v)},
+          {kO, io.o},
+          {kStats, io.stats}};
+}
+
+}  // namespace
+
+void AttentionPlan::forward(const Context& ctx, cudaStream_t stream, const AttentionIO& io,
+                            RngArgs rng, void* workspace, size_t workspace_bytes) const {
+  std::unordered_map<int64_t, void*> pack = io_pack(io);
   HandleOnStream on_stream(ctx.cudnn(), stream);
   prepare_call(desc_, impl_->counters_per_position, impl_->forward_cudnn_bytes,
                forward_workspace_bytes(), rng, workspace, workspace_bytes, stream, pack);
@@ -464,24 +469,15 @@ void AttentionPlan::forward(const Context& ctx, cudaStream_t stream, const Atten
 void AttentionPlan::backward(const Context& ctx, cudaStream_t stream, const AttentionIO& io,
                              const AttentionGrads& grads, RngArgs rng, void* workspace,
                              size_t workspace_bytes) const {
-  require_aligned(io.q, "q");
-  require_aligned(io.k, "k");
-  require_aligned(io.v, "v");
-  require_aligned(io.o, "o");
-  require_aligned(io.stats, "stats");
+  std::unordered_map<int64_t, void*> pack = io_pack(io);
   require_aligned(grads.d_o, "d_o");
   require_aligned(grads.dq, "dq");
   require_aligned(grads.dk, "dk");
   require_aligned(grads.dv, "dv");
-  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(io.q)},
-                                             {kK, const_cast<void*>(io.k)},
-                                             {kV, const_cast<void*>(io.v)},
-                                             {kO, io.o},
-                                             {kStats, io.stats},
-                                             {kDO, const_cast<void*>(grads.d_o)},
-                                             {kDQ, grads.dq},
-                                             {kDK, grads.dk},
-                                             {kDV, grads.dv}};
+  pack[kDO] = const_cast<void*>(grads.d_o);
+  pack[kDQ] = grads.dq;
+  pack[kDK] = grads.dk;
+  pack[kDV] = grads.dv;
   HandleOnStream on_stream(ctx.cudnn(), stream);
   prepare_call(desc_, impl_->counters_per_position, impl_->backward_cudnn_bytes,
                backward_workspace_bytes(), rng, workspace, workspace_bytes, stream, pack);

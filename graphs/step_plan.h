@@ -54,12 +54,13 @@ class RegionArgs {
   RegionArgs& read(std::string name, const TensorView& view);
   RegionArgs& write(std::string name, const TensorView& view);
   RegionArgs& read_write(std::string name, const TensorView& view);
+  // Any of the three, for lists that one region writes and another reads.
+  RegionArgs& add(std::string name, const TensorView& view, Access access);
   // The argument called `name`; throws an Error naming it when it is absent.
   const TensorView& operator[](std::string_view name) const;
   const std::vector<RegionArg>& list() const { return args_; }
 
  private:
-  RegionArgs& add(std::string name, const TensorView& view, Access access);
   std::vector<RegionArg> args_;
 };
 

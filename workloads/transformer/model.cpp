@@ -543,6 +543,23 @@ graphs::RegionArgs Transformer::embedding_forward_args(int mb) const {
       .write("x0", x_[0]);
 }
 
+// What a layer's forward saves for its backward: written by the one, read by the other.
+void Transformer::saved_activations(graphs::RegionArgs& args, const LayerActs& a,
+                                    graphs::Access access) const {
+  if (layernorm()) args.add("ln1.mean", a.ln1_mean, access);
+  args.add("ln1.rstd", a.ln1_rstd, access)
+      .add("ln1.out", a.h1, access)
+      .add("qkv", a.qkv, access)
+      .add("attn.out", a.attn_o, access)
+      .add("attn.lse", a.attn_stats, access)
+      .add("x_mid", a.x_mid, access);
+  if (layernorm()) args.add("ln2.mean", a.ln2_mean, access);
+  args.add("ln2.rstd", a.ln2_rstd, access)
+      .add("ln2.out", a.h2, access)
+      .add("fc1.out", a.fc1_out, access)
+      .add("fc1.preact", a.fc1_aux, access);
+}
+
 graphs::RegionArgs Transformer::layer_forward_args(int mb, int layer) const {
   const LayerActs& a = acts_.at(static_cast<size_t>(layer));
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
@@ -550,20 +567,8 @@ graphs::RegionArgs Transformer::layer_forward_args(int mb, int layer) const {
   args.read("x", x_[static_cast<size_t>(layer)])
       .read("params", params_.weight_range(p.first(), p.last()));
   if (rope()) args.read("rope.table", rope_table_);
-  if (layernorm()) args.write("ln1.mean", a.ln1_mean);
-  args.write("ln1.rstd", a.ln1_rstd)
-      .write("ln1.out", a.h1)
-      .write("qkv", a.qkv)
-      .write("attn.out", a.attn_o)
-      .write("attn.lse", a.attn_stats)
-      .write("x_mid", a.x_mid);
-  if (layernorm()) args.write("ln2.mean", a.ln2_mean);
-  args.write("ln2.rstd", a.ln2_rstd)
-      .write("ln2.out", a.h2)
-      .write("fc1.out", a.fc1_out)
-      .write("fc1.preact", a.fc1_aux)
-      .write("scratch", fwd_tmp_)
-      .write("out", x_[static_cast<size_t>(layer) + 1]);
+  saved_activations(args, a, graphs::Access::kWrite);
+  args.write("scratch", fwd_tmp_).write("out", x_[static_cast<size_t>(layer) + 1]);
   return args;
 }
 
@@ -608,19 +613,8 @@ graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {
   args.read("x", x_[static_cast<size_t>(layer)])
       .read("params", params_.weight_range(p.first(), p.last()));
   if (rope()) args.read("rope.table", rope_table_);
-  if (layernorm()) args.read("ln1.mean", a.ln1_mean);
-  args.read("ln1.rstd", a.ln1_rstd)
-      .read("ln1.out", a.h1)
-      .read("qkv", a.qkv)
-      .read("attn.out", a.attn_o)
-      .read("attn.lse", a.attn_stats)
-      .read("x_mid", a.x_mid);
-  if (layernorm()) args.read("ln2.mean", a.ln2_mean);
-  args.read("ln2.rstd", a.ln2_rstd)
-      .read("ln2.out", a.h2)
-      .read("fc1.out", a.fc1_out)
-      .read("fc1.preact", a.fc1_aux)
-      .read_write("residual_grad", grad_);
+  saved_activations(args, a, graphs::Access::kRead);
+  args.read_write("residual_grad", grad_);
   if (!branch_grad_is_residual()) args.write("branch_grad", d_branch_);
   args.write("norm_out_grad", d_h_).write("fc1_grad", d_fc1_);
   if (swiglu()) args.write("swiglu_out_grad", d_act_);

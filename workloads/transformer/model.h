@@ -154,6 +154,9 @@ class Transformer {
 
   void add(ArenaPlan& plan, TensorView& view, const std::string& name, DType dtype,
            int64_t elements, const char* group, Lifetime life);
+  // Adds a layer's saved activations to a region's arguments with one access (the forward writes
+  // them, the backward reads them).
+  void saved_activations(graphs::RegionArgs& args, const LayerActs& a, graphs::Access access) const;
   Linear make_linear(GemmCache& gemms, LinearGemms g);
   void gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const;
   void hook() const {
