@@ -444,6 +444,21 @@ void Transformer::head(int mb, cudaStream_t s) const {
 
 // ---- Backward ---------------------------------------------------------------------------------
 
+// A linear layer's weight gradient (added to on later micro-batches) and, with a bias (bias >= 0),
+// its bias gradient from the same GEMM's BGRADA epilogue. cuBLASLt writes that one rather than
+// adding to it, so on later micro-batches it goes to scratch and is added in a second step.
+void Transformer::wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64_t width, int mb,
+                        cudaStream_t s) const {
+  const int acc = mb > 0 ? 1 : 0;
+  float* scratch = ptr<float>(bias_scratch_);
+  if (bias >= 0) args.bias_grad = acc ? scratch : params_.grad(bias);
+  gemm(linear.wgrad[acc], args, s);
+  if (bias >= 0 && acc) {
+    hook();
+    accumulate(params_.grad(bias), scratch, width, s);
+  }
+}
+
 void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
   const LayerActs& a = acts_[static_cast<size_t>(layer)];
@@ -453,7 +468,6 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   const bool bias = shape_.bias;
   const ParamStore& w = params_;
   bf16* G = ptr<bf16>(grad_);
-  float* scratch = ptr<float>(bias_scratch_);
 
   // MLP: G is dL/d(layer output).
   const bf16* d_mlp = branch_grad(p.fc2_bias, rng_mlp_dropout_, mb, layer, s);
@@ -471,18 +485,13 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   }
   GemmArgs fc2_w;
   fc2_w.a = d_mlp, fc2_w.b = a.fc1_out.data, fc2_w.d = w.grad(p.fc2_weight);
-  gemm(fc2_.wgrad[acc], fc2_w, s);
+  wgrad(fc2_, fc2_w, -1, 0, mb, s);  // a bias gradient comes from the dropout backward
   GemmArgs fc1_d;
   fc1_d.a = d_fc1_.data, fc1_d.b = w.weight(p.fc1_weight), fc1_d.d = d_h_.data;
   gemm(fc1_.dgrad, fc1_d, s);
   GemmArgs fc1_w;
   fc1_w.a = d_fc1_.data, fc1_w.b = a.h2.data, fc1_w.d = w.grad(p.fc1_weight);
-  if (bias) fc1_w.bias_grad = acc ? scratch : w.grad(p.fc1_bias);
-  gemm(fc1_.wgrad[acc], fc1_w, s);
-  if (bias && acc) {
-    hook();
-    accumulate(w.grad(p.fc1_bias), scratch, shape_.fc1_width(), s);
-  }
+  wgrad(fc1_, fc1_w, bias ? p.fc1_bias : -1, shape_.fc1_width(), mb, s);
   norm_backward(G, p.ln2_gamma, p.ln2_beta, ptr<bf16>(d_h_), ptr<bf16>(a.x_mid), a.ln2_mean,
                 a.ln2_rstd, true, acc, s);  // G is now dL/dx_mid
 
@@ -493,7 +502,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   gemm(proj_.dgrad, proj_d, s);
   GemmArgs proj_w;
   proj_w.a = d_attn_branch, proj_w.b = a.attn_o.data, proj_w.d = w.grad(p.proj_weight);
-  gemm(proj_.wgrad[acc], proj_w, s);
+  wgrad(proj_, proj_w, -1, 0, mb, s);  // a bias gradient comes from the dropout backward
   const AttentionDesc& ad = attention_->desc();
   const AttentionIO io{a.qkv.data, offset(a.qkv, ad.k_offset()), offset(a.qkv, ad.v_offset()),
                        a.attn_o.data, ptr<float>(a.attn_stats)};
@@ -508,12 +517,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   gemm(qkv_.dgrad, qkv_d, s);
   GemmArgs qkv_w;
   qkv_w.a = d_qkv_.data, qkv_w.b = a.h1.data, qkv_w.d = w.grad(p.qkv_weight);
-  if (bias) qkv_w.bias_grad = acc ? scratch : w.grad(p.qkv_bias);
-  gemm(qkv_.wgrad[acc], qkv_w, s);
-  if (bias && acc) {
-    hook();
-    accumulate(w.grad(p.qkv_bias), scratch, shape_.qkv_width(), s);
-  }
+  wgrad(qkv_, qkv_w, bias ? p.qkv_bias : -1, shape_.qkv_width(), mb, s);
   norm_backward(G, p.ln1_gamma, p.ln1_beta, ptr<bf16>(d_h_), x, a.ln1_mean, a.ln1_rstd, true, acc,
                 s);  // G is now dL/dx (the layer's input)
 }

@@ -159,6 +159,8 @@ class Transformer {
   void saved_activations(graphs::RegionArgs& args, const LayerActs& a, graphs::Access access) const;
   Linear make_linear(GemmCache& gemms, LinearGemms g);
   void gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const;
+  void wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64_t width, int mb,
+             cudaStream_t stream) const;
   void hook() const {
     if (delay_) (*delay_)();
   }
