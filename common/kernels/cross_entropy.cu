@@ -317,7 +317,8 @@ void check_rows_for_mean(int64_t rows) {
 }
 
 // Packs a thread (4, 5 or 8) and threads a block for a row of `packs` 16-byte packs: the choice
-// that pads the row least, the larger on a tie; rows wider than 512 * 8 packs take chunks.
+// that pads the row least, the larger on a tie. A row wider than 512 * kP packs takes several
+// chunks of 512 * kP.
 struct StatsLaunch {
   int packs_per_thread, threads;
 };
