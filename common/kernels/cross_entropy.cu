@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/check.h"
-#include "common/device_utils.cuh"  // PackBF16, block_reduce_sum, block_reduce_max
+#include "common/device_utils.cuh"  // PackBF16, warp and block reductions
 #include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(kStatsMaxThreads, kP <= 5 ? 3 : 2)
   float m = -INFINITY, s = 0.0f;
   for (int64_t i = t; i < head; i += T) online_add(m, s, __bfloat162float(row[i]));
   const uint4* body = reinterpret_cast<const uint4*>(row + head);
+  // Chunks of kP * T packs; base is this thread's first pack of one, base - t the chunk's start.
   for (int64_t base = t; base < packs + t; base += int64_t{kP} * T) {
     uint4 x[kP];
 #pragma unroll
