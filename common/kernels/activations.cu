@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
+#include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
 namespace {
@@ -23,6 +24,8 @@ __device__ __forceinline__ float sigmoid(float x) {
 
 __global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __restrict__ in,
                                       int64_t packs, int F) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= packs) return;
   const int fp = F / 8;
@@ -41,6 +44,8 @@ __global__ void swiglu_forward_kernel(bf16* __restrict__ out, const bf16* __rest
 
 __global__ void swiglu_backward_kernel(bf16* __restrict__ din, const bf16* __restrict__ dout,
                                        const bf16* __restrict__ in, int64_t packs, int F) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= packs) return;
   const int fp = F / 8;
@@ -63,6 +68,8 @@ __global__ void swiglu_backward_kernel(bf16* __restrict__ din, const bf16* __res
 }
 
 __global__ void gelu_forward_kernel(bf16* out, const bf16* x, int64_t packs) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= packs) return;
   const PackBF16 xv = PackBF16::load_cs(x + k * 8);
@@ -78,6 +85,8 @@ __global__ void gelu_forward_kernel(bf16* out, const bf16* x, int64_t packs) {
 
 __global__ void gelu_backward_kernel(bf16* dx, const bf16* dout, const bf16* __restrict__ x,
                                      int64_t packs) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= packs) return;
   const PackBF16 xv = PackBF16::load_cs(x + k * 8), d = PackBF16::load_cs(dout + k * 8);
@@ -114,7 +123,7 @@ void swiglu_forward(bf16* out, const bf16* in, int64_t M, int F, cudaStream_t st
   check_swiglu(M, F);
   REPLAY_REQUIRE(aligned16(out) && aligned16(in), "swiglu tensors must be 16-byte aligned");
   const int64_t packs = M * (F / 8);
-  swiglu_forward_kernel<<<grid_for(packs), kThreads, 0, stream>>>(out, in, packs, F);
+  launch_dependent(swiglu_forward_kernel, grid_for(packs), kThreads, stream, out, in, packs, F);
   REPLAY_LAUNCH_CHECK();
 }
 
@@ -124,14 +133,15 @@ void swiglu_backward(bf16* din, const bf16* dout, const bf16* in, int64_t M, int
   REPLAY_REQUIRE(aligned16(din) && aligned16(dout) && aligned16(in),
                  "swiglu tensors must be 16-byte aligned");
   const int64_t packs = M * (F / 8);
-  swiglu_backward_kernel<<<grid_for(packs), kThreads, 0, stream>>>(din, dout, in, packs, F);
+  launch_dependent(swiglu_backward_kernel, grid_for(packs), kThreads, stream, din, dout, in, packs,
+                   F);
   REPLAY_LAUNCH_CHECK();
 }
 
 void gelu_forward(bf16* out, const bf16* x, int64_t n, cudaStream_t stream) {
   REPLAY_REQUIRE(n >= 8 && n % 8 == 0, "gelu element count must be a positive multiple of 8");
   REPLAY_REQUIRE(aligned16(out) && aligned16(x), "gelu tensors must be 16-byte aligned");
-  gelu_forward_kernel<<<grid_for(n / 8), kThreads, 0, stream>>>(out, x, n / 8);
+  launch_dependent(gelu_forward_kernel, grid_for(n / 8), kThreads, stream, out, x, n / 8);
   REPLAY_LAUNCH_CHECK();
 }
 
@@ -139,7 +149,7 @@ void gelu_backward(bf16* dx, const bf16* dout, const bf16* x, int64_t n, cudaStr
   REPLAY_REQUIRE(n >= 8 && n % 8 == 0, "gelu element count must be a positive multiple of 8");
   REPLAY_REQUIRE(aligned16(dx) && aligned16(dout) && aligned16(x),
                  "gelu tensors must be 16-byte aligned");
-  gelu_backward_kernel<<<grid_for(n / 8), kThreads, 0, stream>>>(dx, dout, x, n / 8);
+  launch_dependent(gelu_backward_kernel, grid_for(n / 8), kThreads, stream, dx, dout, x, n / 8);
   REPLAY_LAUNCH_CHECK();
 }
 

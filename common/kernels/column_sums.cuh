@@ -25,6 +25,7 @@ static __global__ void __launch_bounds__(8 * kColumnSumsGroups)
     column_sums_kernel(float* out0, float* out1, const float* __restrict__ partials, int parts,
                        int C, bool accumulate) {
   __shared__ float4 group_sums[kColumnSumsGroups][8];
+  allow_dependent_launch();
   wait_for_previous_grid();                     // the partials come from the kernel before this one
   const int c4 = blockIdx.x * 8 + threadIdx.x;  // float4 column
   const bool valid = c4 * 4 < C;

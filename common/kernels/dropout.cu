@@ -76,6 +76,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
                                     const bf16* residual, int64_t rows, int C,
                                     int64_t rows_per_group, uint32_t threshold, float scale,
                                     RngArgs rng) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= C / 8) return;
   const Philox philox = launch_philox(rng, threshold);
@@ -122,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     dropout_residual_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout,
                                      int64_t rows, int C, int64_t rows_per_group,
                                      uint32_t threshold, float scale, RngArgs rng) {
-  allow_dependent_launch();  // column_sums may be placed while this grid runs
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= C / 8) return;
   const Philox philox = launch_philox(rng, threshold);
@@ -231,9 +234,9 @@ void dropout_residual_forward(bf16* out, const bf16* x, const bf16* bias, const 
                  "dropout tensors must be 16-byte aligned");
   const Plan plan =
       plan_blocks(dropout_residual_forward_kernel, rows, C, ceil_div<int64_t>(rows, kFwdRowBatch));
-  dropout_residual_forward_kernel<<<dim3(plan.col_tiles, plan.groups), plan.threads, 0, stream>>>(
-      out, x, bias, residual, rows, C, plan.rows_per_group, dropout_threshold(p), 1.0f / (1.0f - p),
-      rng);
+  launch_dependent(dropout_residual_forward_kernel, dim3(plan.col_tiles, plan.groups), plan.threads,
+                   stream, out, x, bias, residual, rows, C, plan.rows_per_group,
+                   dropout_threshold(p), 1.0f / (1.0f - p), rng);
   REPLAY_LAUNCH_CHECK();
 }
 
@@ -259,9 +262,9 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
                        " < " + std::to_string(needed));
     partials = static_cast<float*>(workspace);
   }
-  dropout_residual_backward_kernel<<<dim3(plan.col_tiles, plan.groups), plan.threads, 0, stream>>>(
-      dx, partials, dout, rows, C, plan.rows_per_group, dropout_threshold(p), 1.0f / (1.0f - p),
-      rng);
+  launch_dependent(dropout_residual_backward_kernel, dim3(plan.col_tiles, plan.groups),
+                   plan.threads, stream, dx, partials, dout, rows, C, plan.rows_per_group,
+                   dropout_threshold(p), 1.0f / (1.0f - p), rng);
   REPLAY_LAUNCH_CHECK();
   if (dbias) column_sums(1, dbias, nullptr, partials, plan.groups, C, accumulate_dbias, stream);
 }

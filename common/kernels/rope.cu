@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
+#include "common/kernels/dependent_launch.cuh"
 
 namespace replay {
 namespace {
@@ -45,6 +46,8 @@ __global__ void rope_kernel(bf16* out, const bf16* x, const float2* __restrict__
                             const int32_t* __restrict__ positions, int64_t total, int64_t seq,
                             int heads, int head_dim, int rope_dim, int rope_offset,
                             int64_t token_stride, int units_per_head, float sin_sign) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total) return;
   const int u = static_cast<int>(idx % units_per_head);
@@ -108,9 +111,9 @@ void rope_apply(bf16* out, const bf16* x, const float2* table, int max_positions
   const int64_t total = l.batch * l.seq * l.heads * units;
   const int64_t blocks = ceil_div<int64_t>(total, kThreads);
   REPLAY_REQUIRE(blocks <= INT32_MAX, "rope tensor too large for a 1-D grid");
-  rope_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      out, x, table, positions, total, l.seq, l.heads, l.head_dim, l.rope_dim, l.rope_offset,
-      token_stride, units, sin_sign);
+  launch_dependent(rope_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), stream, out, x,
+                   table, positions, total, l.seq, l.heads, l.head_dim, l.rope_dim, l.rope_offset,
+                   token_stride, units, sin_sign);
   REPLAY_LAUNCH_CHECK();
 }
 

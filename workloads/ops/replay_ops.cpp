@@ -241,6 +241,14 @@ void upload(void* dst, std::initializer_list<T> values, cudaStream_t s) {
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+// Valid token ids for a cross-entropy case's rows, spread over the shard (every row counts).
+void upload_targets(int32_t* dst, int64_t rows, int64_t vocab, cudaStream_t s) {
+  std::vector<int32_t> v(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) v[static_cast<size_t>(r)] = static_cast<int32_t>(r * 7919 % vocab);
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 template <typename T>
 T* ptr(const Arena& a, const std::vector<BufferId>& ids, int i) {
   return a.as<T>(ids[i]);
@@ -295,7 +303,8 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
         cross_entropy_forward(ptr<float>(a, id, 2), ptr<float>(a, id, 3), ptr<float>(a, id, 4), ptr<int32_t>(a, id, 5),
                               ptr<bf16>(a, id, 0), ptr<int32_t>(a, id, 1), {M, V, 0}, s);
-      }));
+      },
+      [=](const Arena& a, const auto& id, cudaStream_t s) { upload_targets(ptr<int32_t>(a, id, 1), M, V, s); }));
   cases.push_back(kernel_case(
       l2, "gpt3_175b_tp4.cross_entropy.bwd", {{"rows", M}, {"vocab_shard", V}}, 4.0 * M * V,
       {{"logits", DType::kBF16, M * V}, {"targets", DType::kINT32, M}, {"stats", DType::kFP32, 3 * M},
@@ -303,6 +312,12 @@ void add_kernel_cases(std::vector<OpCase>& cases, const Context& ctx) {
       {0}, [=](const Arena& a, const auto& id, cudaStream_t s) {
         cross_entropy_backward(ptr<bf16>(a, id, 3), ptr<bf16>(a, id, 0), ptr<float>(a, id, 2), ptr<int32_t>(a, id, 1),
                                ptr<int32_t>(a, id, 4), ptr<float>(a, id, 5), {M, V, 0}, s);
+      },
+      [=](const Arena& a, const auto& id, cudaStream_t s) {  // the forward's statistics, every row counted
+        upload_targets(ptr<int32_t>(a, id, 1), M, V, s);
+        cross_entropy_stats(ptr<float>(a, id, 2), ptr<bf16>(a, id, 0), ptr<int32_t>(a, id, 1), {M, V, 0}, s);
+        upload(a.data(id[4]), {static_cast<int32_t>(M)}, s);
+        upload(a.data(id[5]), {1.0f}, s);
       }));
   cases.push_back(kernel_case(
       l2, "gpt3_175b_tp4.embedding.fwd", {{"tokens", M}, {"channels", C}, {"vocab_shard", V}}, 6 * mc + 4 * M,
