@@ -1,6 +1,6 @@
-// dependent_launch.cuh: programmatic dependent launch (sm_90+). replay's memory-bound kernels are
-// launched with launch_dependent() (or dependent_launch_attribute() in their own launch
-// configuration), and each opens with
+// dependent_launch.cuh: programmatic dependent launch (sm_90+). The kernels of norms, dropout,
+// cross-entropy, activations, RoPE and column sums are launched with launch_dependent() (or
+// dependent_launch_attribute() in their own launch configuration), and each opens with
 //
 //   allow_dependent_launch();  // the kernel after this one may be placed on the SMs now
 //   wait_for_previous_grid();  // the kernel before this one has finished; its writes are visible
