@@ -235,18 +235,21 @@ bench::Stats time_stream(cudaStream_t stream, const OpCase& c, int calls, int re
 
 // Writes host values into a device buffer at set-up.
 template <typename T>
-void upload(void* dst, std::initializer_list<T> values, cudaStream_t s) {
-  std::vector<T> v(values);
+void upload(void* dst, const std::vector<T>& v, cudaStream_t s) {
   REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+template <typename T>
+void upload(void* dst, std::initializer_list<T> values, cudaStream_t s) {
+  upload(dst, std::vector<T>(values), s);
 }
 
 // Valid token ids for a cross-entropy case's rows, spread over the shard (every row counts).
 void upload_targets(int32_t* dst, int64_t rows, int64_t vocab, cudaStream_t s) {
   std::vector<int32_t> v(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) v[static_cast<size_t>(r)] = static_cast<int32_t>(r * 7919 % vocab);
-  REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+  upload(dst, v, s);
 }
 
 template <typename T>
