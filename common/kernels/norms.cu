@@ -21,13 +21,16 @@
 // b + gridDim.x, ... Every thread owns the same columns in every row, so its gamma stays in
 // registers and the dgamma/dbeta contributions accumulate in registers. The accumulators
 // (2 * C / T a thread for LayerNorm) rule out several blocks per SM, so the rows are streamed into
-// a ring of shared-memory stages with cp.async, `stages - 1` rows ahead (~96 KB in flight per SM),
-// and loads stay in flight while the block reduces and writes. A thread reads back only the packs
-// it copied itself, so the ring needs no barrier; a row's LayerNorm statistics come with it (see
-// ring_issue). Pass 1 reads x and dout from the ring and forms the two row sums and the parameter
-// gradients; pass 2 re-reads them (recomputing costs less than holding them in registers) and
-// writes dx = rstd * g + x * k1 + k0, the two row sums folded into k0 and k1. At the end, the
-// blocks of a cluster (two, where every pair fits on the device at once) add their sums through
+// a ring of shared-memory stages with cp.async, `stages - 1` rows ahead (at least 48 KB in flight
+// per SM: one row ahead for wide rows), and loads stay in flight while the block reduces and
+// writes. Deeper rings were slower: on an H200, side by side in a stream of calls, two rows ahead
+// instead of one took 45.7 instead of 45.2 us for LayerNorm at 2048 x 12288 and 221.3 instead of
+// 220.2 us for RMSNorm at 8192 x 16384. A thread reads back only the packs it copied itself, so
+// the ring needs no barrier; a row's LayerNorm statistics come with it (see ring_issue). Pass 1
+// reads x and dout from the ring and forms the two row sums and the parameter gradients; pass 2
+// re-reads them (recomputing costs less than holding them in registers) and writes
+// dx = rstd * g + x * k1 + k0, the two row sums folded into k0 and k1. At the end, the blocks of a
+// cluster (two, where every pair fits on the device at once) add their sums through
 // distributed shared memory and write one partial row, which column_sums adds in a fixed order as
 // a programmatic dependent launch: half the bytes of a partial row a block (13 MB at C = 12288),
 // written when nothing is left to overlap them (2048 x 12288 on an H200: 49.7 -> 47.3 us).
@@ -55,7 +58,7 @@ constexpr int kMaxRowThreads = 512;    // threads on one row, forward
 constexpr int kMaxPacksPerThread = 8;  // 16-byte packs per thread: C <= 512 * 8 * 8
 constexpr int kWarpRowMaxPacks = 128;  // warp-per-row forward up to C = 1024
 constexpr int kWarpRowsPerBlock = 8;
-constexpr size_t kInflightBytesPerSM = 96 << 10;  // rows each SM keeps in flight (backward ring)
+constexpr size_t kInflightBytesPerSM = 48 << 10;  // bytes each SM keeps in flight (backward ring)
 constexpr int kMaxStages = 8;
 constexpr int kMaxDevices = 64;
 static_assert(kMaxRowThreads * kMaxPacksPerThread * 8 == kNormMaxChannels, "limits disagree");
@@ -721,9 +724,9 @@ RingPlan plan_ring(Kernel kernel, int device, int64_t rows, const RowSplit& spli
   plan.stages = slots(b, slot_bytes);
   REPLAY_REQUIRE(plan.stages >= 1, "norm row does not fit in shared memory");
   plan.smem = plan.stages * slot_bytes;
-  // The fewest blocks that walk no more rows each than `resident` blocks (one wave) would: 2048 rows
-  // on 132 SMs run 128 blocks of 16 rows, not 68 of 16 and 64 of 15, whose last row would stream on
-  // 68 SMs, short of the device's bandwidth (C = 12288 on an H200: 47.3 -> 46.3 us).
+  // The fewest blocks that walk no more rows each than `resident` blocks (one wave) would: 2048
+  // rows on 132 SMs run 128 blocks of 16 rows, not 68 of 16 and 64 of 15, whose last row would
+  // stream on 68 SMs, short of the device's bandwidth (C = 12288 on an H200: 47.3 -> 46.3 us).
   const int64_t resident = device_attribute(cudaDevAttrMultiProcessorCount, device) * int64_t{b};
   plan.blocks = static_cast<int>(ceil_div(rows, ceil_div(rows, resident)));
   return pick_cluster(kernel, plan, resident, sums_bytes);

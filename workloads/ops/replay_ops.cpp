@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <regex>
 #include <string>
@@ -83,24 +84,32 @@ void fill(const Context& ctx, const Arena& arena, BufferId id, DType t, uint64_t
   init_normal(TensorView(arena.data(id), t, {n}), 2024, stream_id, 0.0f, stddev, ctx.stream());
 }
 
+// How the wgrad GEMMs are timed: as torch's dy.t() @ x (bf16 dW, compared with torch.matmul), or as
+// the workloads run them (fp32 dW), with or without the bias gradient (BGRADA epilogue), to measure
+// what each costs.
+enum class WgradForm { kTorch, kFp32, kFp32BiasGrad };
+
 // The three GEMMs of one linear layer, as SCHEMA.md names them.
-void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
+void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s, WgradForm wgrad_form) {
   for (const auto& lin : s.linears) {
-    LinearGemms g = linear_gemms(s.tokens, lin.in, lin.out, false, false);
-    g.wgrad.d_type = DType::kBF16;  // as torch's dy.t() @ x produces
+    LinearGemms g = linear_gemms(s.tokens, lin.in, lin.out, wgrad_form == WgradForm::kFp32BiasGrad, false);
+    g.forward.epilogue = Epilogue::kNone;
+    if (wgrad_form == WgradForm::kTorch) g.wgrad.d_type = DType::kBF16;
     const std::pair<const char*, GemmDesc> forms[] = {{"fwd", g.forward}, {"dgrad", g.dgrad}, {"wgrad", g.wgrad}};
     for (const auto& [dir, desc] : forms) {
-      auto ids = std::make_shared<std::array<BufferId, 3>>();
+      auto ids = std::make_shared<std::array<BufferId, 4>>();
       GemmPlan* plan = &sh.gemms.get(desc);
       OpCase c;
       c.name = std::string(s.name) + "." + lin.name + "." + dir;
       c.kind = "gemm";
       c.shape = {{"m", desc.m}, {"n", desc.n}, {"k", desc.k}};
       c.flops = 2.0 * desc.m * desc.n * desc.k;
+      const bool bias_grad = desc.epilogue == Epilogue::kBGradA;
       c.plan = [=](ArenaPlan& p, Lifetime life) {
         (*ids)[0] = p.add(c.name + ".a", DType::kBF16, desc.m * desc.k, "ops", life);
         (*ids)[1] = p.add(c.name + ".b", DType::kBF16, desc.n * desc.k, "ops", life);
-        (*ids)[2] = p.add(c.name + ".d", DType::kBF16, desc.m * desc.n, "ops", life);
+        (*ids)[2] = p.add(c.name + ".d", desc.d_type, desc.m * desc.n, "ops", life);
+        (*ids)[3] = bias_grad ? p.add(c.name + ".bias_grad", DType::kFP32, desc.m, "ops", life) : -1;
       };
       auto args = std::make_shared<GemmArgs>();
       const std::string c_name = c.name;
@@ -110,6 +119,7 @@ void add_gemm_cases(std::vector<OpCase>& cases, Shared& sh, const Shard& s) {
         args->a = a.data((*ids)[0]);
         args->b = a.data((*ids)[1]);
         args->d = a.data((*ids)[2]);
+        if (bias_grad) args->bias_grad = a.as<float>((*ids)[3]);
         args->workspace = a.data(sh.gemm_workspace);
         args->workspace_bytes = a.bytes(sh.gemm_workspace);
         const bool tune = sh.gemms.options().selection == GemmAlgoSelection::kAutotune;
@@ -475,6 +485,14 @@ int run(int argc, char** argv) {
   app.add_flag("--attention-nondeterministic", nondeterministic,
                "time cuDNN's non-deterministic attention backward (PyTorch's default) instead of the "
                "deterministic one the workloads use, to measure what determinism costs");
+  WgradForm wgrad_form = WgradForm::kTorch;
+  const std::map<std::string, WgradForm> wgrad_forms = {
+      {"torch", WgradForm::kTorch}, {"fp32", WgradForm::kFp32}, {"fp32-bias-grad", WgradForm::kFp32BiasGrad}};
+  app.add_option("--wgrad-form", wgrad_form,
+                 "torch: bf16 dW as torch's dy.t() @ x (the form compared with PyTorch); fp32: the workloads' fp32 "
+                 "dW; fp32-bias-grad: that with the bias gradient from the BGRADA epilogue, as the workloads form the "
+                 "QKV and fc1 bias gradients")
+      ->transform(CLI::CheckedTransformer(wgrad_forms, CLI::ignore_case));
   CLI11_PARSE(app, argc, argv);
   std::regex filter(only.empty() ? ".*" : only);
 
@@ -489,8 +507,8 @@ int run(int argc, char** argv) {
   }
   Shared sh(ctx, gemm_options);
   std::vector<OpCase> cases;
-  add_gemm_cases(cases, sh, kGpt3);
-  add_gemm_cases(cases, sh, kLlama);
+  add_gemm_cases(cases, sh, kGpt3, wgrad_form);
+  add_gemm_cases(cases, sh, kLlama, wgrad_form);
   add_attention_cases(cases, sh, kGpt3, !nondeterministic);
   add_attention_cases(cases, sh, kLlama, !nondeterministic);
   add_kernel_cases(cases, ctx);
@@ -548,7 +566,10 @@ int run(int argc, char** argv) {
                        {"stream_timer", "memory-bound kernels: cuda events around each replay of a graph of " +
                                             std::to_string(kStreamCalls) + "+ back-to-back calls over rotating buffer sets"},
                        {"gemm_algorithm", autotune ? "autotuned over cuBLASLt's top candidates" : "cuBLASLt heuristic top-1"},
-                       {"attention_backward", nondeterministic ? "non-deterministic" : "deterministic"}};
+                       {"attention_backward", nondeterministic ? "non-deterministic" : "deterministic"},
+                       {"wgrad_form", wgrad_form == WgradForm::kTorch ? "bf16 dW (torch's dy.t() @ x)"
+                                      : wgrad_form == WgradForm::kFp32  ? "fp32 dW"
+                                                                        : "fp32 dW, bias gradient (BGRADA)"}};
     out["peaks"] = {{"bf16_gemm_tflops", peaks.bf16_gemm_tflops}, {"copy_gbps", peaks.copy_gbps}};
     out["results"] = results;
     bench::write_json(json_path, out);
