@@ -97,7 +97,7 @@ __device__ __forceinline__ float row_loss_of(float max, float sum, float target_
 }
 
 // Logit k (0..7) of a pack.
-__device__ __forceinline__ float pack_element(uint4 w, int64_t k) {
+__device__ __forceinline__ float pack_element(uint4 w, int k) {
   const uint32_t word = k < 4 ? (k < 2 ? w.x : w.y) : (k < 6 ? w.z : w.w);
   return __uint_as_float(k % 2 ? word & 0xffff0000u : word << 16);
 }
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kStatsMaxThreads, kP <= 5 ? 3 : 2)
   const bool held = target != kCrossEntropyIgnoreIndex && local >= 0 && local < width;
   // The body pack holding the target, if one does (-1 otherwise), and the logit's place in it.
   const int64_t target_pack = held && local >= head && local < tail ? (local - head) / 8 : -1;
-  const int64_t target_k = (local - head) % 8;
+  const int target_k = static_cast<int>((local - head) % 8);
   auto take = [&](int64_t i, float x) {
     if (i == local) target_logit_held = x;
   };
