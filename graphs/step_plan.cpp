@@ -2,7 +2,9 @@
 // verification and in-place updates.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -40,6 +42,8 @@ struct StepPlan::UnitState {
 StepPlan::StepPlan(std::string name, StepPlanOptions options)
     : name_(std::move(name)), options_(std::move(options)) {
   REPLAY_REQUIRE(!name_.empty(), "a step plan needs a name");
+  const char* trace = std::getenv("REPLAY_TRACE_ENQUEUE");
+  trace_enqueue_ = trace != nullptr && trace[0] != '\0' && std::strcmp(trace, "0") != 0;
 }
 
 StepPlan::~StepPlan() {
@@ -180,8 +184,32 @@ void StepPlan::run_unit(size_t unit, cudaStream_t stream) {
 
 void StepPlan::run_step(cudaStream_t stream) {
   if (!prepared_) prepare(stream);
-  for (size_t u = 0; u < units_.size(); ++u) run_unit(u, stream);
+  if (trace_enqueue_) {
+    run_step_traced(stream);
+  } else {
+    for (size_t u = 0; u < units_.size(); ++u) run_unit(u, stream);
+  }
   if (!full_step() && rng_ != nullptr) rng_->advance(stream);
+}
+
+// The host clock around each unit's enqueue. A unit whose launches find the driver's queue full waits in
+// them until the GPU has retired enough work; the line says where the host waited.
+void StepPlan::run_step_traced(cudaStream_t stream) {
+  using Clock = std::chrono::steady_clock;
+  constexpr double kReportUs = 200.0;
+  std::ostringstream slow;
+  double total_us = 0.0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto t0 = Clock::now();
+    run_unit(u, stream);
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    total_us += us;
+    if (us > kReportUs) slow << ' ' << units_[u].name << ' ' << static_cast<int64_t>(us);
+  }
+  const std::string units = slow.str();
+  std::fprintf(stderr, "[replay graphs] step '%s' #%lld enqueued in %lld us; units over %.0f us:%s\n",
+               name_.c_str(), static_cast<long long>(traced_steps_++), static_cast<long long>(total_us),
+               kReportUs, units.empty() ? " none" : units.c_str());
 }
 
 std::vector<StepPlan::Buffer> StepPlan::outputs_of(size_t unit, const std::vector<RegionArgs>& args) const {

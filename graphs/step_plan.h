@@ -172,6 +172,8 @@ class StepPlan {
   void prepare(cudaStream_t stream);
   // One training step on `stream`. Before each replay the arguments of every region in the graph are
   // compared with those it was captured with; a difference throws an Error naming region and argument.
+  // With REPLAY_TRACE_ENQUEUE set in the environment, each step also prints to stderr the host time it
+  // took to enqueue and the units that took over 200 us of it: where the host waits for the driver.
   void run_step(cudaStream_t stream);
   // One training step in which every graph also runs eagerly on the same inputs and RNG state: outputs
   // are saved, the graph's regions run eagerly, outputs copied out and restored, the graph replayed and
@@ -210,6 +212,7 @@ class StepPlan {
   void enqueue_unit(const StepUnit& unit, const std::vector<RegionArgs>& args, cudaStream_t stream);
   void run_eager_step(cudaStream_t stream);
   void run_unit(size_t unit, cudaStream_t stream);
+  void run_step_traced(cudaStream_t stream);
   void check_arguments(size_t unit, const std::vector<RegionArgs>& args) const;
   std::vector<Buffer> outputs_of(size_t unit, const std::vector<RegionArgs>& args) const;
   bool full_step() const { return options_.mode == GraphMode::kFull; }
@@ -221,6 +224,8 @@ class StepPlan {
   std::vector<Buffer> state_;
   RngTracker* rng_ = nullptr;
   bool prepared_ = false;
+  bool trace_enqueue_ = false;  // REPLAY_TRACE_ENQUEUE: per-step host enqueue times on stderr
+  int64_t traced_steps_ = 0;
   std::vector<StepUnit> units_;
   std::vector<std::unique_ptr<UnitState>> unit_state_;  // one per unit; graphs for graphed units
   std::unique_ptr<CaptureStream> capture_stream_;

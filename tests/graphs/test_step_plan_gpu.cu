@@ -2,10 +2,13 @@
 // none, layer and full modes give bit-identical weights, activations and counters after a neutral warm-up;
 // a moved argument is an error naming region and argument, and update() re-captures in place; shadow
 // verification passes on correct regions and catches a host value baked into a kernel at capture; a host
-// sync inside a region is refused with a clear message; per-graph statistics.
+// sync inside a region is refused with a clear message; per-graph statistics; the REPLAY_TRACE_ENQUEUE
+// report.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -171,6 +174,24 @@ TEST(StepPlan, GraphsPerModeAndStatistics) {
     }
     EXPECT_TRUE(has(toy.plan->describe(), "layer0.fwd")) << toy.plan->describe();
   }
+}
+
+// REPLAY_TRACE_ENQUEUE: one stderr line a step (host enqueue time, units over 200 us), read when the plan is
+// made; the step's results do not change.
+TEST(StepPlan, EnqueueTraceReportsEveryStepAndChangesNothing) {
+  const int steps = 3;
+  const Result plain = run(GraphMode::kLayer, steps);
+  ASSERT_EQ(setenv("REPLAY_TRACE_ENQUEUE", "1", 1), 0);
+  testing::internal::CaptureStderr();
+  const Result traced = run(GraphMode::kLayer, steps);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_EQ(unsetenv("REPLAY_TRACE_ENQUEUE"), 0);
+  for (int k = 0; k < steps; ++k)
+    EXPECT_TRUE(has(err, "[replay graphs] step 'toy' #" + std::to_string(k) + " enqueued in ")) << err;
+  EXPECT_FALSE(has(err, "#" + std::to_string(steps) + " ")) << err;
+  EXPECT_TRUE(has(err, "units over 200 us:")) << err;
+  EXPECT_TRUE(test::bit_equal("traced weights", plain.w.data(), traced.w.data(), plain.w.size() * 4));
+  EXPECT_EQ(traced.step[0], steps);
 }
 
 TEST(StepPlan, MovedArgumentIsAnErrorNamingRegionAndArgument) {

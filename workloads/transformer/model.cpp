@@ -564,14 +564,18 @@ void Transformer::saved_activations(graphs::RegionArgs& args, const LayerActs& a
       .add("fc1.preact", a.fc1_aux, access);
 }
 
-graphs::RegionArgs Transformer::layer_forward_args(int mb, int layer) const {
-  const LayerActs& a = acts_.at(static_cast<size_t>(layer));
+graphs::RegionArgs Transformer::layer_args(int layer, graphs::Access activations) const {
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
   graphs::RegionArgs args;
   args.read("x", x_[static_cast<size_t>(layer)])
       .read("params", params_.weight_range(p.first(), p.last()));
   if (rope()) args.read("rope.table", rope_table_);
-  saved_activations(args, a, graphs::Access::kWrite);
+  saved_activations(args, acts_.at(static_cast<size_t>(layer)), activations);
+  return args;
+}
+
+graphs::RegionArgs Transformer::layer_forward_args(int /*mb*/, int layer) const {
+  graphs::RegionArgs args = layer_args(layer, graphs::Access::kWrite);
   args.write("scratch", fwd_tmp_).write("out", x_[static_cast<size_t>(layer) + 1]);
   return args;
 }
@@ -611,13 +615,8 @@ graphs::RegionArgs Transformer::head_args(int mb) const {
 }
 
 graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {
-  const LayerActs& a = acts_.at(static_cast<size_t>(layer));
   const LayerParams& p = layers_.at(static_cast<size_t>(layer));
-  graphs::RegionArgs args;
-  args.read("x", x_[static_cast<size_t>(layer)])
-      .read("params", params_.weight_range(p.first(), p.last()));
-  if (rope()) args.read("rope.table", rope_table_);
-  saved_activations(args, a, graphs::Access::kRead);
+  graphs::RegionArgs args = layer_args(layer, graphs::Access::kRead);
   args.read_write("residual_grad", grad_);
   if (!branch_grad_is_residual()) args.write("branch_grad", d_branch_);
   args.write("norm_out_grad", d_h_).write("fc1_grad", d_fc1_);

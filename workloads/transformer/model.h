@@ -157,6 +157,9 @@ class Transformer {
   // Adds a layer's saved activations to a region's arguments with one access (the forward writes
   // them, the backward reads them).
   void saved_activations(graphs::RegionArgs& args, const LayerActs& a, graphs::Access access) const;
+  // What both of a layer's regions list first: its input, its parameters (and the RoPE table), and
+  // its saved activations with `activations` access (written by the forward, read by the backward).
+  graphs::RegionArgs layer_args(int layer, graphs::Access activations) const;
   Linear make_linear(GemmCache& gemms, LinearGemms g);
   void gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const;
   void wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64_t width, int mb,
