@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/workloads/gpt_reference.h"
+#include "tests/workloads/reference_gradient_check.h"
 #include "tests/workloads/reference_util.h"
 
 namespace replay::test {
@@ -28,23 +29,8 @@ GptDims tiny_dims() {
 }
 
 TEST(GptReference, GradientsMatchFiniteDifferences) {
-  const GptDims d = tiny_dims();
-  GptParams p = random_params(d, 7, 0.3);
-  const auto tokens =
-      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 11);
-  const auto targets =
-      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 12);
-  GptParams g;
-  std::vector<double> dx0;
-  const double loss = gpt_backward(d, p, tokens.data(), targets.data(), &g, &dx0);
-  ASSERT_TRUE(std::isfinite(loss));
-  EXPECT_DOUBLE_EQ(loss, gpt_loss(d, p, tokens.data(), targets.data()));
-  ASSERT_EQ(dx0.size(), static_cast<size_t>(d.tokens() * d.hidden));
-
-  const int checked = expect_gradients_match_finite_differences(
-      &p.t, g.t, [&] { return gpt_loss(d, p, tokens.data(), targets.data()); },
-      [&](int i) { return GptParams::name(d, i); }, /*require_nonzero=*/false);
-  EXPECT_EQ(checked, 5 * GptParams::count(d));
+  expect_backward_matches_finite_differences<GptParams>(tiny_dims(), gpt_backward, gpt_loss,
+                                                        /*require_nonzero=*/false);
 }
 
 TEST(GptReference, KeyBiasHasNoGradientAndQueryValueBiasesDo) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/workloads/llama_reference.h"
+#include "tests/workloads/reference_gradient_check.h"
 #include "tests/workloads/reference_util.h"
 
 namespace replay::test {
@@ -31,23 +32,8 @@ LlamaDims tiny_dims() {
 }
 
 TEST(LlamaReference, GradientsMatchFiniteDifferences) {
-  const LlamaDims d = tiny_dims();
-  LlamaParams p = random_params(d, 7, 0.3);
-  const auto tokens =
-      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 11);
-  const auto targets =
-      random_tokens(static_cast<size_t>(d.tokens()), static_cast<int32_t>(d.vocab), 12);
-  LlamaParams g;
-  std::vector<double> dx0;
-  const double loss = llama_backward(d, p, tokens.data(), targets.data(), &g, &dx0);
-  ASSERT_TRUE(std::isfinite(loss));
-  EXPECT_DOUBLE_EQ(loss, llama_loss(d, p, tokens.data(), targets.data()));
-  ASSERT_EQ(dx0.size(), static_cast<size_t>(d.tokens() * d.hidden));
-
-  const int checked = expect_gradients_match_finite_differences(
-      &p.t, g.t, [&] { return llama_loss(d, p, tokens.data(), targets.data()); },
-      [&](int i) { return LlamaParams::name(d, i); }, /*require_nonzero=*/true);
-  EXPECT_EQ(checked, 5 * LlamaParams::count(d));
+  expect_backward_matches_finite_differences<LlamaParams>(tiny_dims(), llama_backward, llama_loss,
+                                                          /*require_nonzero=*/true);
 }
 
 TEST(LlamaReference, GqaKeyValueGradientsGatherBothQueryHeadsOfTheirGroup) {
