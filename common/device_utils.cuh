@@ -39,7 +39,9 @@ struct alignas(16) Pack128 {
 using PackBF16 = Pack128<__nv_bfloat16>;  // 8 values
 using PackF32 = Pack128<float>;           // 4 values
 
-__device__ __forceinline__ float warp_reduce_sum(float v) {
+// Butterfly sum (float or double): every lane ends with the same value, and the order is fixed.
+template <typename T>
+__device__ __forceinline__ T warp_reduce_sum(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -61,6 +63,18 @@ __device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
   __syncthreads();
   v = lane < warps ? scratch[lane] : 0.0f;
   return warp_reduce_sum(v);
+}
+
+// Sum over the block in a fixed order with one barrier; every thread receives the result. `scratch`
+// holds 32 values and must not be in use by another call still in flight (a caller that sums twice
+// in a row gives each call its own scratch). blockDim.x must be a multiple of 32.
+template <typename T>
+__device__ __forceinline__ T block_sum_once(T v, T* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_reduce_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce_sum(lane < warps ? scratch[lane] : T{0});
 }
 
 __device__ __forceinline__ float block_reduce_max(float v, float* scratch) {

@@ -91,6 +91,14 @@ __device__ __forceinline__ uint32_t max_bf16x2(uint32_t a, uint32_t b) {
 
 constexpr uint32_t kNegInfPair = 0xff80ff80u;  // two bf16 -inf
 
+// Merges the (max, sum of exp(x - max)) pairs of a warp's lanes; every lane receives the result.
+// A pair with max -inf (no logits) adds nothing.
+__device__ __forceinline__ float2 warp_merge_stats(float m, float s) {
+  const float max = warp_reduce_max(m);
+  return make_float2(
+      max, warp_reduce_sum(max == -INFINITY ? 0.0f : s * exp2_approx((m - max) * kLog2e)));
+}
+
 // A row loss: (max - target) first, both large and close; the log-sum is small.
 __device__ __forceinline__ float row_loss_of(float max, float sum, float target_logit) {
   return (max - target_logit) + logf(sum);
@@ -183,16 +191,13 @@ __global__ void __launch_bounds__(kStatsMaxThreads, kP <= 5 ? 3 : 2)
   }
 
   // Each warp's (max, sum), then warp 0 combines the warps': one barrier.
-  const float warp_max = warp_reduce_max(m);
-  const float warp_sum =
-      warp_reduce_sum(warp_max == -INFINITY ? 0.0f : s * exp2_approx((m - warp_max) * kLog2e));
-  if (lane == 0) warp_stats[warp] = make_float2(warp_max, warp_sum);
+  const float2 warp_stat = warp_merge_stats(m, s);
+  if (lane == 0) warp_stats[warp] = warp_stat;
   __syncthreads();
   if (warp != 0) return;
   const float2 w = lane < T / 32 ? warp_stats[lane] : make_float2(-INFINITY, 0.0f);
-  const float row_max = warp_reduce_max(w.x);
-  const float row_sum =
-      warp_reduce_sum(row_max == -INFINITY ? 0.0f : w.y * exp2_approx((w.x - row_max) * kLog2e));
+  const float2 row_stat = warp_merge_stats(w.x, w.y);
+  const float row_max = row_stat.x, row_sum = row_stat.y;
   if (lane == 0) {
     const float target_logit = held ? target_logit_held : 0.0f;  // 0 where another shard holds it
     stats[r] = row_max;

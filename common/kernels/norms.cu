@@ -132,17 +132,8 @@ __device__ __forceinline__ bool owns(int p, int packs) {
 
 // ---------------------------------------------------------------------------------------------------
 // Reductions. Every thread receives the sum; every warp adds the same partials in the same order,
-// so all threads hold the same bits.
-
-// Sum over the block. The caller gives each call its own scratch (32 floats) that no other call
-// in flight uses, so one barrier suffices.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_reduce_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_reduce_sum(lane < warps ? scratch[lane] : 0.0f);
-}
+// so all threads hold the same bits. One sum is device_utils' block_sum_once: the caller gives each
+// call its own scratch (32 floats) that no other call in flight uses, so one barrier suffices.
 
 // Two sums over the block at once, same contract; scratch holds 64 floats.
 __device__ __forceinline__ float2 block_sum2(float2 v, float* scratch) {
@@ -283,7 +274,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, fwd_min_blocks(kPpt))
   Pairs xv[kPpt];
   load_row(xv, x + base, t, T, packs);
   normalize_row<kLayerNorm>(out + base, mean_out, rstd_out, xv, gamma, beta, row, packs, t, T,
-                            inv_c, eps, [&](float v, int k) { return block_sum(v, scratch[k]); });
+                            inv_c, eps,
+                            [&](float v, int k) { return block_sum_once(v, scratch[k]); });
 }
 
 // ---------------------------------------------------------------------------------------------------

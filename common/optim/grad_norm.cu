@@ -5,29 +5,13 @@
 #include <string>
 
 #include "common/check.h"
-#include "common/device_utils.cuh"  // PackF32
+#include "common/device_utils.cuh"  // PackF32, block_sum_once
 
 namespace replay {
 namespace {
 
 constexpr int kChunkThreads = 256;
 constexpr int kFinalThreads = 1024;
-
-// Butterfly sum: every lane ends with the same value, and the order is fixed.
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Block sum in a fixed order; every thread receives it. Called once per kernel (no scratch reuse).
-__device__ __forceinline__ double block_sum(double v, double* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_sum(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  return warp_sum(lane < warps ? scratch[lane] : 0.0);
-}
 
 __global__ void __launch_bounds__(kChunkThreads)
     grad_norm_chunks_kernel(double* __restrict__ partials, GradNormTable table) {
@@ -44,7 +28,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       for (int64_t j = i; j < end; ++j) acc += static_cast<double>(g[j]) * g[j];
     }
   }
-  acc = block_sum(acc, scratch);
+  acc = block_sum_once(acc, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
@@ -55,7 +39,7 @@ __global__ void __launch_bounds__(kFinalThreads)
   __shared__ double scratch[32];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += kFinalThreads) acc += partials[i];
-  acc = block_sum(acc, scratch);
+  acc = block_sum_once(acc, scratch);
   if (threadIdx.x != 0) return;
   const double inv_scale = loss_scale != nullptr ? 1.0 / static_cast<double>(*loss_scale) : 1.0;
   const double total = sqrt(acc) * inv_scale;
