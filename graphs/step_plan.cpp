@@ -192,8 +192,9 @@ void StepPlan::run_step(cudaStream_t stream) {
   if (!full_step() && rng_ != nullptr) rng_->advance(stream);
 }
 
-// The host clock around each unit's enqueue. A unit whose launches find the driver's queue full waits in
-// them until the GPU has retired enough work; the line says where the host waited.
+// The host clock around each unit's enqueue. A launch that finds the driver unable to take more work
+// (its launch queues full, or too many launches pending of graphs holding cuDNN attention: README,
+// "Looking inside a step") waits until the GPU has retired some; the line says where the host waited.
 void StepPlan::run_step_traced(cudaStream_t stream) {
   using Clock = std::chrono::steady_clock;
   constexpr double kReportUs = 200.0;
