@@ -911,7 +911,9 @@ def section_workload(workload, preset, runs, delay_runs, plot_lines):
             rows.append(_run_row(tool, mode, doc, basis))
     lines = [f"## {workload} {preset}", ""] + table(header, rows) + [""]
     lines.append("÷ PyTorch: replay's median step time over PyTorch's, eager against eager and each graph "
-                 "mode against PyTorch's whole-step graph (below 1: replay is faster).")
+                 "mode against PyTorch's whole-step graph (below 1: replay is faster). Host enqueue: the "
+                 "host's time to enqueue one step; it approaches the step time when the driver cannot take "
+                 "more work ahead (README, \"Looking inside a step\").")
     lines.append("")
     targets = workload_targets(runs)
     trows = [[t["name"], fmt(t["value"], t["spec"]), _limit_text(t), _result(t)] for t in targets]
