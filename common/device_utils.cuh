@@ -54,7 +54,8 @@ __device__ __forceinline__ float warp_reduce_max(float v) {
 }
 
 // Sum over the block in a fixed order; every thread receives the result. `scratch` holds 32 floats.
-// blockDim.x must be a multiple of 32.
+// blockDim.x must be a multiple of 32. block_sum_once below with a second barrier, before the scratch
+// is written, so that consecutive calls may share one scratch.
 __device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_reduce_sum(v);
