@@ -34,7 +34,8 @@ void dropout_residual_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const 
                               const __nv_bfloat16* residual, int64_t rows, int C, float p,
                               RngArgs rng, cudaStream_t stream);
 
-// Workspace for the dbias partial sums (zero is fine when dbias is null).
+// Workspace for the dbias partial sums (zero is fine when dbias is null); scratch, its contents
+// undefined after the call.
 size_t dropout_residual_backward_workspace_bytes(int64_t rows, int C);
 
 // dx = dout * mask / (1 - p) (bf16 [rows, C]; may alias dout), the mask regenerated from the same

@@ -29,7 +29,8 @@ void rmsnorm_forward(__nv_bfloat16* out, float* rstd, const __nv_bfloat16* x,
 
 // Workspace the backward needs for the per-block partial sums of the parameter gradients. It
 // depends on the current device's SM count (the backward runs one persistent pass over the rows per
-// SM); query it at plan time with the device that will run the op current.
+// SM); query it at plan time with the device that will run the op current. The workspace is
+// scratch: its contents are undefined after the call.
 size_t layernorm_backward_workspace_bytes(int64_t rows, int C);
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int C);
 
