@@ -31,6 +31,7 @@
 #include "common/kernels/rope.h"
 #include "common/optim/adamw.h"
 #include "common/optim/grad_norm.h"
+#include "common/version.h"
 
 namespace replay {
 namespace {
@@ -559,7 +560,7 @@ int run(int argc, char** argv) {
   if (!json_path.empty()) {
     nlohmann::ordered_json out;
     out["tool"] = "replay-ops";
-    out["version"] = REPLAY_VERSION;
+    out["version"] = version();
     out["environment"] = bench::to_json(env);
     out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"lead_ms", lead_ms},
                        {"timer", "cuda events around each repeat"},

@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/data/batch_stream.h"
 #include "common/data/token_file.h"
+#include "common/version.h"
 
 namespace replay::transformer {
 
@@ -93,7 +94,7 @@ RunResult run(const Workload& w, const Settings& st, std::FILE* out) {
   const bench::HarnessFlags& f = st.flags;
   TrainerConfig config = st.trainer;
   const TransformerShape& shape = config.shape;
-  std::fprintf(out, "# %s %s: %s\n%s", w.tool, REPLAY_VERSION, st.preset.description.c_str(),
+  std::fprintf(out, "# %s %s: %s\n%s", w.tool, version(), st.preset.description.c_str(),
                bench::describe(f).c_str());
 
   // Data first: a missing or malformed file is an error before any GPU work.
@@ -232,7 +233,7 @@ RunResult run(const Workload& w, const Settings& st, std::FILE* out) {
                    static_cast<int64_t>(trainer.used_before_arena());
   rep.arena_bytes = static_cast<int64_t>(trainer.arena().size_bytes());
   rep.tool = w.tool;
-  rep.version = REPLAY_VERSION;
+  rep.version = version();
   rep.workload = w.name;
   rep.preset = st.preset.name;
   rep.graphs = f.graphs;
