@@ -278,12 +278,14 @@ TEST(CrossEntropyGpu, MatchesReferenceForAnyWidth) {
     int offset;  // bf16 elements past a 16-byte boundary
     float dloss;
   };
-  // {3000, 512} and {600, 32000}: more rows than a wave of blocks, at a small and a wide width.
-  // The statistics take 5 packs a thread at 12576 (GPT-3's TP4 shard), 8 at 16032 (Llama's TP8
-  // shard) and 32000, 4 at 512, and several chunks a row at 50257 and 50304.
+  // {3000, 512}, {600, 32000} and {5000, 1001, 3}: more rows than a wave of blocks, at a small, a
+  // wide and an odd width (whose rows' 16-byte alignment, and so their unaligned head and tail,
+  // change from row to row). The statistics take 5 packs a thread at 12576 (GPT-3's TP4 shard), 8
+  // at 16032 (Llama's TP8 shard) and 32000, 4 at 512, and several chunks a row at 50257 and 50304.
   const Case cases[] = {{64, 32000, 0, 1.0f}, {32, 12576, 0, 1.0f},  {24, 50257, 0, 1024.0f},
                         {20, 50304, 3, 1.0f}, {16, 13, 0, 1.0f},     {9, 7, 5, 2.0f},
-                        {3000, 512, 0, 1.0f}, {600, 32000, 0, 1.0f}, {40, 16032, 0, 1.0f}};
+                        {3000, 512, 0, 1.0f}, {600, 32000, 0, 1.0f}, {40, 16032, 0, 1.0f},
+                        {5000, 1001, 3, 1.0f}};
   for (const Case& c : cases) {
     const std::vector<float> logits =
         round_bf16(test::random_normal(c.rows * c.vocab, 41, 0.0f, 3.0f));
