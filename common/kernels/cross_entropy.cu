@@ -28,16 +28,7 @@ constexpr int kRowBlocksPerSM = 4;  // register cap (64) for four rows in flight
 // (kP <= 5) five such blocks share an SM, 1600 threads with up to 125 KB of loads in flight,
 // where 256 threads of 8 packs ran four (1024 threads, 100 KB): 2048 x 12576 logits on an H200
 // took 19.2 instead of 22.1 us in Nsight Compute, for about as many instructions (9.2M vs 8.6M).
-//
-// With enough long rows for a wave of them, a row takes kLongRowThreads threads of kLongRowPacks
-// packs instead, which walk it in chunks of 256 packs. At 32 registers, 16 such blocks share an SM
-// (2048 threads): a GPT-3 shard's 2048 rows are one wave on 132 SMs, all in flight from the
-// start. Side by side on an H200, in a stream of forward calls (statistics and mean):
-// 2048 x 12576 17.1 -> 16.5 us, 2048 x 50304 56.0 -> 52.9 us, 2048 x 8197 12.9 -> 12.3 us,
-// 8192 x 16032 65.3 -> 64.9 us (reports/h200/2026-11-22/cross_entropy_layouts/).
 constexpr int kStatsMaxThreads = 512;
-constexpr int kLongRowThreads = 128;
-constexpr int kLongRowPacks = 2;
 constexpr int kMeanThreads = 512;  // the single block that sums the row losses
 
 // exp(x - m) is computed as 2^(x * log2(e) - m * log2(e)): one FFMA and one MUFU.EX2 per logit.
@@ -128,26 +119,20 @@ __device__ __forceinline__ float pack_element(uint4 w, int k) {
 // logit must wait for the target, two memory latencies in a row that the block's barrier then
 // waits for (2048 x 12576 logits with valid targets on an H200, in a stream of calls: 16.9 us
 // that way, 15.3 us this way).
-//
-// kAligned: every row starts on a 16-byte boundary (logits aligned, width a multiple of 8), so a
-// row is all body; the head and tail code is left out, and with it the addressing ptxas otherwise
-// recomputes each chunk under the long-row blocks' 32-register cap (2048 x 12576 on an H200:
-// 16.5 instead of 16.8 us).
-template <int kP, int kMaxThreads = kStatsMaxThreads, int kMinBlocks = (kP <= 5 ? 3 : 2),
-          bool kAligned = false>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+template <int kP>
+__global__ void __launch_bounds__(kStatsMaxThreads, kP <= 5 ? 3 : 2)
     cross_entropy_stats_kernel(float* __restrict__ stats, float* __restrict__ row_loss,
                                const __nv_bfloat16* __restrict__ logits,
                                const int32_t* __restrict__ targets, int64_t rows, int64_t width,
                                int64_t vocab_start) {
-  __shared__ float2 warp_stats[kMaxThreads / 32];
+  __shared__ float2 warp_stats[kStatsMaxThreads / 32];
   __shared__ float target_logit_held;  // written by the one thread that holds it, if any
   allow_dependent_launch();
   wait_for_previous_grid();
   const int64_t r = blockIdx.x;
   const int t = threadIdx.x, T = blockDim.x, lane = t % 32, warp = t / 32;
   const __nv_bfloat16* row = logits + r * width;
-  const int64_t head = kAligned ? 0 : unaligned_head(row, width);
+  const int64_t head = unaligned_head(row, width);
   const int64_t packs = (width - head) / 8;
   const int64_t tail = head + packs * 8;
 
@@ -162,18 +147,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   };
 
   float m = -INFINITY, s = 0.0f;
-  if (!kAligned) {
-    for (int64_t i = t; i < head; i += T) {
-      const float x = __bfloat162float(row[i]);
-      take(i, x);
-      online_add(m, s, x);
-    }
+  for (int64_t i = t; i < head; i += T) {
+    const float x = __bfloat162float(row[i]);
+    take(i, x);
+    online_add(m, s, x);
   }
   const uint4* body = reinterpret_cast<const uint4*>(row + head);
   // Chunks of kP * T packs; base is this thread's first pack of one, base - t the chunk's start.
-  // A thread whose first pack of the row's last chunk lies past the row skips that chunk (it would
-  // add only zeros).
-  for (int64_t base = t; base < packs; base += int64_t{kP} * T) {
+  for (int64_t base = t; base < packs + t; base += int64_t{kP} * T) {
     uint4 x[kP];
 #pragma unroll
     for (int i = 0; i < kP; ++i) {
@@ -203,12 +184,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     }
     s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
   }
-  if (!kAligned) {
-    for (int64_t i = tail + t; i < width; i += T) {
-      const float x = __bfloat162float(row[i]);
-      take(i, x);
-      online_add(m, s, x);
-    }
+  for (int64_t i = tail + t; i < width; i += T) {
+    const float x = __bfloat162float(row[i]);
+    take(i, x);
+    online_add(m, s, x);
   }
 
   // Each warp's (max, sum), then warp 0 combines the warps': one barrier.
@@ -375,27 +354,14 @@ void check_rows_for_mean(int64_t rows) {
                  "rows must be in [1, 2^24) (exact fp32 count): " + std::to_string(rows));
 }
 
-// Packs a thread and threads a block for `rows` rows of `packs` 16-byte packs each. Long rows
-// (four chunks of the long-row blocks or more), enough of them for a wave of those blocks on this
-// GPU (or 90% of one): kLongRowPacks x kLongRowThreads. Otherwise 4, 5 or 8 packs a thread, the
-// choice that pads the row least (the larger on a tie), on up to 512 threads; a row wider than
-// 512 * kP packs takes several chunks of 512 * kP.
+// Packs a thread (4, 5 or 8) and threads a block for a row of `packs` 16-byte packs: the choice
+// that pads the row least, the larger on a tie. A row wider than 512 * kP packs takes several
+// chunks of 512 * kP.
 struct StatsLaunch {
   int packs_per_thread, threads;
 };
 
-int current_sm_count() {
-  int device = 0, sms = 0;
-  REPLAY_CUDA_CHECK(cudaGetDevice(&device));
-  REPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
-StatsLaunch stats_launch(int64_t rows, int64_t packs, int sms) {
-  constexpr int64_t kLongRowChunk = int64_t{kLongRowThreads} * kLongRowPacks;
-  constexpr int64_t kLongRowBlocksPerSM = 2048 / kLongRowThreads;
-  if (packs >= 4 * kLongRowChunk && 10 * rows >= 9 * kLongRowBlocksPerSM * sms)
-    return {kLongRowPacks, kLongRowThreads};
+StatsLaunch stats_launch(int64_t packs) {
   StatsLaunch best{0, 0};
   int64_t best_pad = 0;
   for (int kp : {8, 5, 4}) {
@@ -416,31 +382,22 @@ StatsLaunch stats_launch(int64_t rows, int64_t packs, int sms) {
 void launch_stats(float* stats, float* row_loss, const __nv_bfloat16* logits,
                   const int32_t* targets, const CrossEntropyShape& shape, cudaStream_t stream) {
   check_shape(shape);
-  const StatsLaunch l = stats_launch(shape.rows, shape.vocab_shard / 8, current_sm_count());
+  const StatsLaunch l = stats_launch(shape.vocab_shard / 8);
   const dim3 grid(static_cast<unsigned>(shape.rows)), block(l.threads);
   const auto launch = [&](auto kernel) {
     launch_dependent(kernel, grid, block, stream, stats, row_loss, logits, targets, shape.rows,
                      shape.vocab_shard, shape.vocab_start);
   };
-  const bool aligned = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && shape.vocab_shard % 8 == 0;
-  if (l.threads == kLongRowThreads && l.packs_per_thread == kLongRowPacks) {
-    constexpr int kBlocksPerSM = 2048 / kLongRowThreads;
-    if (aligned)
-      launch(cross_entropy_stats_kernel<kLongRowPacks, kLongRowThreads, kBlocksPerSM, true>);
-    else
-      launch(cross_entropy_stats_kernel<kLongRowPacks, kLongRowThreads, kBlocksPerSM>);
-  } else {
-    switch (l.packs_per_thread) {
-      case 8:
-        launch(cross_entropy_stats_kernel<8>);
-        break;
-      case 5:
-        launch(cross_entropy_stats_kernel<5>);
-        break;
-      default:
-        launch(cross_entropy_stats_kernel<4>);
-        break;
-    }
+  switch (l.packs_per_thread) {
+    case 8:
+      launch(cross_entropy_stats_kernel<8>);
+      break;
+    case 5:
+      launch(cross_entropy_stats_kernel<5>);
+      break;
+    default:
+      launch(cross_entropy_stats_kernel<4>);
+      break;
   }
   REPLAY_LAUNCH_CHECK();
 }

@@ -8,8 +8,9 @@
 #              packs a thread, with the one-block mean or with a ticket (the last block sums)
 #   OUT/rows2  rows2.cu: the same without the block barrier, persistent blocks, and the grid-stride
 #              read with one block reduction at its end
-#   OUT/ab     ab/: 14bf607's cross_entropy.cu ("base") against the tree's ("new"; the file as of the
-#              commit that added this report) and rows.cu's kernel beside it; ab/output.txt
+#   OUT/ab     ab/: 14bf607's cross_entropy.cu ("base") against 3a0fc0c's ("new", the long-row layout,
+#              reverted after it) and the variants in ab/new_tu.cu; ab/output.txt (H200) and
+#              ab/output_h100.txt
 # The probes that call replay's cross-entropy are linked with 14bf607's file, not the tree's.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +25,9 @@ sed -e '0,/^namespace replay {/s//namespace replay { namespace base {/' \
 nv="nvcc -I$root -O3 -DNDEBUG --generate-code=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -std=c++17"
 libs="$root/$build/common/libreplay_core.a -L/usr/lib/x86_64-linux-gnu/openmpi/lib -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lmpi_cxx -lmpi -lhdf5 -lcudnn -lnccl -lcuda"
 cp "$out/ce_14bf607.cu" "$out/ce_14bf607_tu.cu"
+# ab/new_tu.cu includes "common/kernels/cross_entropy.cu": found first under OUT/new (3a0fc0c's).
+mkdir -p "$out/new/common/kernels"
+git -C "$root" show 3a0fc0c:common/kernels/cross_entropy.cu > "$out/new/common/kernels/cross_entropy.cu"
 $nv -c "$out/ce_14bf607_tu.cu" -o "$out/ce_14bf607.o"
 for p in flat rows rows2; do
   $nv -c "$here/$p.cu" -o "$out/$p.o"
@@ -31,6 +35,6 @@ for p in flat rows rows2; do
 done
 $nv -c "$here/ab/main.cu" -o "$out/ab_main.o"
 $nv -c "$out/base_ce.cu" -o "$out/ab_base.o"
-$nv -c "$here/ab/new_tu.cu" -o "$out/ab_new.o"
+${nv/-I$root/-I$out/new -I$root} -c "$here/ab/new_tu.cu" -o "$out/ab_new.o"
 $nv "$out/ab_main.o" "$out/ab_base.o" "$out/ab_new.o" $libs -o "$out/ab"
 echo "build.sh: probes in $out"

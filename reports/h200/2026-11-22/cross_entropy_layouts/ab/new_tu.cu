@@ -1,5 +1,6 @@
-// The tree's cross_entropy.cu ("new") and one variant next to it: rows.cu's aligned-rows kernel at 128
-// threads of 2 packs, with the tree's mean kernel.
+// The tree's cross_entropy.cu as of 3a0fc0c ("new") and variants next to it: rows.cu's aligned-rows
+// kernel at 128 threads of 2 packs, and 3a0fc0c's kernel template at 256 threads of 2, 4 and 8 packs.
+// The H200 run (output.txt) had variant 0 only; the H100 run (output_h100.txt) all four.
 #include "common/kernels/cross_entropy.cu"
 namespace replay {
 namespace {
@@ -52,9 +53,9 @@ __global__ void __launch_bounds__(256) probe_rows_k(float* __restrict__ stats, f
   }
 }
 }  // namespace
-int exp_variants() { return 1; }
+int exp_variants() { return 4; }
 const char* exp_name(int v) {
-  static const char* n[] = {"probe kernel T128 U2", "tree <2,128,1>", "tree <2,256,8>", "probe kernel T256 U2"};
+  static const char* n[] = {"probe kernel T128 U2", "tree 256 x 2 aligned", "tree 256 x 4 aligned", "tree 256 x 8 aligned"};
   return n[v];
 }
 void exp_forward(int v, float* stats, float* row_loss, float* mean, int32_t* count, const __nv_bfloat16* logits, const int32_t* targets, const CrossEntropyShape& shape, cudaStream_t stream) {
@@ -62,9 +63,9 @@ void exp_forward(int v, float* stats, float* row_loss, float* mean, int32_t* cou
   float* rl = row_loss;
   switch (v) {
     case 0: launch_dependent(probe_rows_k<2>, grid, dim3(128), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard); break;
-    case 1: launch_dependent(cross_entropy_stats_kernel<2, 128, 1>, grid, dim3(128), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard, shape.vocab_start); break;
-    case 2: launch_dependent(cross_entropy_stats_kernel<2, 256, 8>, grid, dim3(256), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard, shape.vocab_start); break;
-    case 3: launch_dependent(probe_rows_k<2>, grid, dim3(256), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard); break;
+    case 1: launch_dependent(cross_entropy_stats_kernel<2, 256, 8, true>, grid, dim3(256), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard, shape.vocab_start); break;
+    case 2: launch_dependent(cross_entropy_stats_kernel<4, 256, 6, true>, grid, dim3(256), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard, shape.vocab_start); break;
+    case 3: launch_dependent(cross_entropy_stats_kernel<8, 256, 4, true>, grid, dim3(256), stream, stats, rl, logits, targets, shape.rows, shape.vocab_shard, shape.vocab_start); break;
   }
   REPLAY_LAUNCH_CHECK();
   if (mean != nullptr) {
