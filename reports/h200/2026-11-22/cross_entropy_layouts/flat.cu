@@ -2,20 +2,7 @@
 // Flat grid-stride reads of the GPT-3 TP4 / Llama TP8 logits with (0) a trivial xor, (1) the
 // statistics' math (bf16x2 max, rescale, ex2 terms), (2) the math without exps; with and without
 // programmatic dependent launch; next to the tree's cross_entropy_stats and cross_entropy_forward.
-#include <cuda_bf16.h>
-#include <algorithm>
-#include <cstdio>
-#include <functional>
-#include <vector>
-#include "common/check.h"
-#include "common/kernels/cross_entropy.h"
-using bf16 = __nv_bfloat16;
-using namespace replay;
-#define CK(x) REPLAY_CUDA_CHECK(x)
-
-__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-__device__ __forceinline__ uint32_t max2(uint32_t a, uint32_t b) { uint32_t r; asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
-constexpr float kL2e = 1.4426950408889634f;
+#include "probe.cuh"
 
 template <int U, bool PDL, int MODE>
 __global__ void __launch_bounds__(256) flat_k(float* out, const uint4* __restrict__ in, long n) {
@@ -88,32 +75,6 @@ __global__ void __launch_bounds__(256) warprun_k(float* out, const uint4* __rest
   if (s == -1.f || m == 12345.f) out[blockIdx.x] = s + m;
 }
 
-__global__ void filln_k(bf16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    float a = 0; for (int j = 0; j < 4; ++j) { uint32_t h = ((uint32_t)i * 4 + j) * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15; a += (h & 0xffff) / 65536.0f - 0.5f; }
-    p[i] = __float2bfloat16(a * 3.0f);
-  }
-}
-__global__ void filli_k(int32_t* p, size_t n, int mod) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = (int32_t)((i * 7919) % mod);
-}
-float stream_us(cudaStream_t s, const std::function<void(int)>& call) {
-  const int calls = 24, sets = 3; cudaGraph_t g; cudaGraphExec_t ex;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) call(i % sets);
-  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ex, g, 0));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < 15; ++r) { CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ex, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); if (r >= 3) t.push_back(ms * 1e3f / calls); }
-  std::sort(t.begin(), t.end()); CK(cudaGraphExecDestroy(ex)); CK(cudaGraphDestroy(g)); return t[t.size() / 2];
-}
-template <typename K, typename... A>
-void pdl_launch(K kernel, int grid, int block, cudaStream_t s, A... args) {
-  cudaLaunchAttribute attr{}; attr.id = cudaLaunchAttributeProgrammaticStreamSerialization; attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t c{}; c.gridDim = grid; c.blockDim = block; c.stream = s; c.attrs = &attr; c.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&c, kernel, args...));
-}
 int main() {
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); setvbuf(stdout, nullptr, _IONBF, 0);
   int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -137,20 +98,20 @@ int main() {
       const int grid = sms * bps;
       printf("grid %5d x 256 U4: xor %.2f | xor+pdl %.2f | math %.2f | math+pdl %.2f | math-noexp+pdl %.2f us\n", grid,
         stream_us(s, [&](int k) { flat_k<4, false, 0><<<grid, 256, 0, s>>>(part, L(k), n); }),
-        stream_us(s, [&](int k) { pdl_launch(flat_k<4, true, 0>, grid, 256, s, part, L(k), n); }),
+        stream_us(s, [&](int k) { pdl(flat_k<4, true, 0>, grid, 256, s, part, L(k), n); }),
         stream_us(s, [&](int k) { flat_k<4, false, 1><<<grid, 256, 0, s>>>(part, L(k), n); }),
-        stream_us(s, [&](int k) { pdl_launch(flat_k<4, true, 1>, grid, 256, s, part, L(k), n); }),
-        stream_us(s, [&](int k) { pdl_launch(flat_k<4, true, 2>, grid, 256, s, part, L(k), n); }));
+        stream_us(s, [&](int k) { pdl(flat_k<4, true, 1>, grid, 256, s, part, L(k), n); }),
+        stream_us(s, [&](int k) { pdl(flat_k<4, true, 2>, grid, 256, s, part, L(k), n); }));
       printf("grid %5d x 256 U8: xor+pdl %.2f | math+pdl %.2f us\n", grid,
-        stream_us(s, [&](int k) { pdl_launch(flat_k<8, true, 0>, grid, 256, s, part, L(k), n); }),
-        stream_us(s, [&](int k) { pdl_launch(flat_k<8, true, 1>, grid, 256, s, part, L(k), n); }));
+        stream_us(s, [&](int k) { pdl(flat_k<8, true, 0>, grid, 256, s, part, L(k), n); }),
+        stream_us(s, [&](int k) { pdl(flat_k<8, true, 1>, grid, 256, s, part, L(k), n); }));
     }
     for (int wps : {32, 48, 64}) {  // warps an SM
       const int grid = sms * wps / 8; const long warps = (long)grid * 8; const long per = (n + warps - 1) / warps;
       printf("warp runs %d warps/SM (%ld packs a warp): U4 math %.2f | U8 math %.2f | U4 noexp %.2f us\n", wps, per,
-        stream_us(s, [&](int k) { pdl_launch(warprun_k<4, 1>, grid, 256, s, part, L(k), n, per); }),
-        stream_us(s, [&](int k) { pdl_launch(warprun_k<8, 1>, grid, 256, s, part, L(k), n, per); }),
-        stream_us(s, [&](int k) { pdl_launch(warprun_k<4, 2>, grid, 256, s, part, L(k), n, per); }));
+        stream_us(s, [&](int k) { pdl(warprun_k<4, 1>, grid, 256, s, part, L(k), n, per); }),
+        stream_us(s, [&](int k) { pdl(warprun_k<8, 1>, grid, 256, s, part, L(k), n, per); }),
+        stream_us(s, [&](int k) { pdl(warprun_k<4, 2>, grid, 256, s, part, L(k), n, per); }));
     }
     for (auto& l : logits) CK(cudaFree(l));
     CK(cudaFree(targets)); CK(cudaFree(stats)); CK(cudaFree(rl)); CK(cudaFree(mean)); CK(cudaFree(cnt));
