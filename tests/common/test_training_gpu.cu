@@ -282,8 +282,8 @@ TEST(CrossEntropyGpu, MatchesReferenceForAnyWidth) {
   // wide and an odd width (whose rows' 16-byte alignment, and so their unaligned head and tail,
   // change from row to row). The statistics take 5 packs a thread at 12576 (GPT-3's TP4 shard), 8
   // at 16032 (Llama's TP8 shard) and 32000, 4 at 512, and several chunks a row at 50257 and 50304.
-  // {2048, 12576} is GPT-3's TP4 shard at its own row count (three waves of 5-pack blocks on 132
-  // SMs), and {2048, 8197, 3} as many rows of an odd width.
+  // {2048, 12576} is GPT-3's TP4 shard at its own row count (just over three waves of 5-pack blocks
+  // on 132 SMs), and {2048, 8197, 3} as many rows of an odd width.
   const Case cases[] = {{64, 32000, 0, 1.0f},  {32, 12576, 0, 1.0f},   {24, 50257, 0, 1024.0f},
                         {20, 50304, 3, 1.0f},  {16, 13, 0, 1.0f},      {9, 7, 5, 2.0f},
                         {3000, 512, 0, 1.0f},  {600, 32000, 0, 1.0f},  {40, 16032, 0, 1.0f},
