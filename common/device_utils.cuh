@@ -53,19 +53,6 @@ __device__ __forceinline__ float warp_reduce_max(float v) {
   return v;
 }
 
-// Sum over the block in a fixed order; every thread receives the result. `scratch` holds 32 floats.
-// blockDim.x must be a multiple of 32. block_sum_once below with a second barrier, before the scratch
-// is written, so that consecutive calls may share one scratch.
-__device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_reduce_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_reduce_sum(v);
-}
-
 // Sum over the block in a fixed order with one barrier; every thread receives the result. `scratch`
 // holds 32 values and must not be in use by another call still in flight (a caller that sums twice
 // in a row gives each call its own scratch). blockDim.x must be a multiple of 32.
@@ -76,6 +63,13 @@ __device__ __forceinline__ T block_sum_once(T v, T* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   return warp_reduce_sum(lane < warps ? scratch[lane] : T{0});
+}
+
+// block_sum_once with a barrier first, so that consecutive calls may share one scratch (the
+// previous call's readers are done before it is written again). `scratch` holds 32 floats.
+__device__ __forceinline__ float block_reduce_sum(float v, float* scratch) {
+  __syncthreads();  // scratch may still be read by a previous call
+  return block_sum_once(v, scratch);
 }
 
 __device__ __forceinline__ float block_reduce_max(float v, float* scratch) {
