@@ -17,25 +17,7 @@ __global__ void __launch_bounds__(256) flat_k(float* out, const uint4* __restric
 #pragma unroll
       for (int u = 0; u < U; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     } else {
-      uint32_t p = 0xff80ff80u;
-#pragma unroll
-      for (int u = 0; u < U; ++u) p = max2(p, max2(max2(v[u].x, v[u].y), max2(v[u].z, v[u].w)));
-      const float cm = fmaxf(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
-      const float mn = fmaxf(m, cm);
-      if (mn != m) s *= ex2((m - mn) * kL2e);
-      m = mn;
-      const float ml = m * kL2e;
-      float sums[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float x = __uint_as_float(k % 2 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16);
-          sums[k % 4] += MODE == 1 ? ex2(fmaf(x, kL2e, -ml)) : fmaf(x, kL2e, -ml);
-        }
-      }
-      s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+      add_chunk<U, MODE == 1>(v, m, s);
     }
   }
   if (acc == 0x12345678u || s == -1.f || m == 12345.f) out[blockIdx.x] = s + m;
@@ -52,25 +34,7 @@ __global__ void __launch_bounds__(256) warprun_k(float* out, const uint4* __rest
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) v[u] = i + u * 32 < end ? __ldcs(in + i + u * 32) : make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
-    uint32_t p = 0xff80ff80u;
-#pragma unroll
-    for (int u = 0; u < U; ++u) p = max2(p, max2(max2(v[u].x, v[u].y), max2(v[u].z, v[u].w)));
-    const float cm = fmaxf(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
-    const float mn = fmaxf(m, cm);
-    if (mn != m) s *= ex2((m - mn) * kL2e);
-    m = mn;
-    const float ml = m * kL2e;
-    float sums[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float x = __uint_as_float(k % 2 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16);
-        sums[k % 4] += MODE == 1 ? ex2(fmaf(x, kL2e, -ml)) : fmaf(x, kL2e, -ml);
-      }
-    }
-    s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    add_chunk<U, MODE == 1>(v, m, s);
   }
   if (s == -1.f || m == 12345.f) out[blockIdx.x] = s + m;
 }

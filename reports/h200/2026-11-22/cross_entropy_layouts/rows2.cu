@@ -18,32 +18,15 @@ __global__ void __launch_bounds__(256) rows2_k(float* __restrict__ stats, float2
       uint4 x[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) { const long p = base + u * T; x[u] = p < packs ? __ldcs(body + p) : make_uint4(kNI, kNI, kNI, kNI); }
-      uint32_t pr = kNI;
-#pragma unroll
-      for (int u = 0; u < U; ++u) pr = max2(pr, max2(max2(x[u].x, x[u].y), max2(x[u].z, x[u].w)));
-      const float cm = fmaxf(__uint_as_float(pr << 16), __uint_as_float(pr & 0xffff0000u));
-      const float mn = fmaxf(m, cm);
-      if (mn != m) s *= ex2((m - mn) * kL2e);
-      m = mn;
-      const float ml = m == -INFINITY ? 0.f : m * kL2e;
-      float sums[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t w[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
-#pragma unroll
-        for (int k = 0; k < 8; ++k) sums[k % 4] += ex2(fmaf(__uint_as_float(k % 2 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16), kL2e, -ml));
-      }
-      s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+      add_chunk(x, m, s);
     }
-    const float2 ws = wmerge(m, s);
-    if (NOBAR) { if (lane == 0) wpart[r * (T / 32) + warp] = ws; continue; }
-    if (lane == 0) wst[warp] = ws;
-    __syncthreads();
-    if (warp == 0) {
-      const float2 w = lane < T / 32 ? wst[lane] : make_float2(-INFINITY, 0.f);
-      const float2 rs = wmerge(w.x, w.y);
-      if (lane == 0) { stats[r] = rs.x; stats[rows + r] = rs.y; }
+    if (NOBAR) {
+      const float2 ws = wmerge(m, s);
+      if (lane == 0) wpart[r * (T / 32) + warp] = ws;
+      continue;
     }
+    const float2 rs = block_stats(m, s, wst);
+    if (t == 0) { stats[r] = rs.x; stats[rows + r] = rs.y; }
     if (PERSIST) __syncthreads();
   }
 }
@@ -58,27 +41,10 @@ __global__ void __launch_bounds__(256) flatred_k(float2* out, const uint4* __res
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) v[u] = i + u * blockDim.x < n ? __ldcs(in + i + u * blockDim.x) : make_uint4(kNI, kNI, kNI, kNI);
-    uint32_t p = kNI;
-#pragma unroll
-    for (int u = 0; u < U; ++u) p = max2(p, max2(max2(v[u].x, v[u].y), max2(v[u].z, v[u].w)));
-    const float cm = fmaxf(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
-    const float mn = fmaxf(m, cm);
-    if (mn != m) s *= ex2((m - mn) * kL2e);
-    m = mn;
-    const float ml = m * kL2e;
-    float sums[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) sums[k % 4] += ex2(fmaf(__uint_as_float(k % 2 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16), kL2e, -ml));
-    }
-    s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    add_chunk(v, m, s);
   }
-  const float2 ws = wmerge(m, s);
-  if (threadIdx.x % 32 == 0) wst[threadIdx.x / 32] = ws;
-  __syncthreads();
-  if (threadIdx.x < 32) { const float2 w = threadIdx.x < blockDim.x / 32 ? wst[threadIdx.x] : make_float2(-INFINITY, 0.f); const float2 b = wmerge(w.x, w.y); if (threadIdx.x == 0) out[blockIdx.x] = b; }
+  const float2 b = block_stats(m, s, wst);
+  if (threadIdx.x == 0) out[blockIdx.x] = b;
 }
 
 int main() {

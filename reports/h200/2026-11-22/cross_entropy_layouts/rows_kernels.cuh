@@ -9,7 +9,7 @@ __global__ void __launch_bounds__(256) rows_k(float* __restrict__ stats, float* 
     const bf16* __restrict__ logits, const int32_t* __restrict__ targets, long rows, long width) {
   __shared__ float2 wst[8]; __shared__ float tl; __shared__ bool last; __shared__ float scratch[32];
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); asm volatile("griddepcontrol.wait;" ::: "memory");
-  const long r = blockIdx.x; const int t = threadIdx.x, T = blockDim.x, lane = t % 32, warp = t / 32;
+  const long r = blockIdx.x; const int t = threadIdx.x, T = blockDim.x;
   const uint4* body = reinterpret_cast<const uint4*>(logits + r * width);  // aligned rows only (probe)
   const long packs = width / 8;
   const int32_t target = targets[r];
@@ -23,35 +23,14 @@ __global__ void __launch_bounds__(256) rows_k(float* __restrict__ stats, float* 
     for (int u = 0; u < U; ++u) { const long p = base + u * T; x[u] = p < packs ? __ldcs(body + p) : make_uint4(kNI, kNI, kNI, kNI); }
 #pragma unroll
     for (int u = 0; u < U; ++u) if (base + u * T == tp) tl = pack_el(x[u], tk);
-    uint32_t pr = kNI;
-#pragma unroll
-    for (int u = 0; u < U; ++u) pr = max2(pr, max2(max2(x[u].x, x[u].y), max2(x[u].z, x[u].w)));
-    const float cm = fmaxf(__uint_as_float(pr << 16), __uint_as_float(pr & 0xffff0000u));
-    const float mn = fmaxf(m, cm);
-    if (mn != m) s *= ex2((m - mn) * kL2e);
-    m = mn;
-    const float ml = m == -INFINITY ? 0.f : m * kL2e;
-    float sums[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t w[4] = {x[u].x, x[u].y, x[u].z, x[u].w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) sums[k % 4] += ex2(fmaf(__uint_as_float(k % 2 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16), kL2e, -ml));
-    }
-    s += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    add_chunk(x, m, s);
   }
-  const float2 ws = wmerge(m, s);
-  if (lane == 0) wst[warp] = ws;
-  __syncthreads();
-  if (warp == 0) {
-    const float2 w = lane < T / 32 ? wst[lane] : make_float2(-INFINITY, 0.f);
-    const float2 rs = wmerge(w.x, w.y);
-    if (lane == 0) {
-      const float tlg = held ? tl : 0.f;
-      stats[r] = rs.x; stats[rows + r] = rs.y; stats[2 * rows + r] = tlg;
-      row_loss[r] = target < 0 ? 0.f : (rs.x - tlg) + logf(rs.y);
-      if (MEAN == 1) { __threadfence(); last = atomicAdd(ticket, 1u) == unsigned(rows - 1); }
-    }
+  const float2 rs = block_stats(m, s, wst);
+  if (t == 0) {
+    const float tlg = held ? tl : 0.f;
+    stats[r] = rs.x; stats[rows + r] = rs.y; stats[2 * rows + r] = tlg;
+    row_loss[r] = target < 0 ? 0.f : (rs.x - tlg) + logf(rs.y);
+    if (MEAN == 1) { __threadfence(); last = atomicAdd(ticket, 1u) == unsigned(rows - 1); }
   }
   if (MEAN == 0) return;
   __syncthreads();
