@@ -25,16 +25,31 @@ struct alignas(16) Pack128 {
     *reinterpret_cast<int4*>(r.v) = *reinterpret_cast<const int4*>(p);
     return r;
   }
-  // Streaming load that does not allocate in L1 (read-once data).
+  // Streaming load (ld.global.cs): read-once data, evicted first from L1 and L2.
   __device__ __forceinline__ static Pack128 load_cs(const T* p) {
     Pack128 r;
     *reinterpret_cast<int4*>(r.v) = __ldcs(reinterpret_cast<const int4*>(p));
     return r;
   }
+  // Load cached in L2 only (ld.global.cg), with L2's normal eviction priority.
+  __device__ __forceinline__ static Pack128 load_cg(const T* p) {
+    Pack128 r;
+    *reinterpret_cast<int4*>(r.v) = __ldcg(reinterpret_cast<const int4*>(p));
+    return r;
+  }
   __device__ __forceinline__ void store(T* p) const {
     *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(v);
   }
+  // Streaming store (st.global.cs): write-once data, evicted first.
+  __device__ __forceinline__ void store_cs(T* p) const {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(v));
+  }
 };
+
+// Cache hints for a kernel that reads one stream and writes another (H200, 2 x 50 MB a call, in a
+// stream of calls): streaming loads with plain stores are the slowest pairing. Streaming loads with
+// streaming stores, or L2-only loads with plain stores, took 1-2 us less in each kernel measured
+// (reports/h200/2026-11-22/cache_hints); which of the two is faster depends on the kernel.
 
 using PackBF16 = Pack128<__nv_bfloat16>;  // 8 values
 using PackF32 = Pack128<float>;           // 4 values

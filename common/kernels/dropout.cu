@@ -12,6 +12,12 @@
 // column_sums to add. Side by side on an H200 at 2048 x 12288, in a stream of calls, that took the
 // backward with dbias from 32.2 to 31.0 us (without dbias, the same blocks: 28.8 -> 29.1 us).
 //
+// Row data is loaded through L2 only (ld.global.cg) and stored plainly. Against streaming loads
+// (ld.global.cs) with the same stores, side by side on an H200 at 2048 x 12288 in a stream of
+// calls, that took the backward with dbias from 31.35 to 29.99 us and the forward from 42.1 to 39.8
+// us (reports/h200/2026-11-22/cache_hints). Non-coherent loads (ld.global.nc) were as fast, but dx
+// may alias dout and out may alias x or residual, which .nc does not allow.
+//
 // At GPT-3 sizes the Philox arithmetic (two Philox4x32-10 blocks, about 80 integer instructions
 // per 8 elements, ~150 instructions per 8 elements in all) takes about half the memory time, so
 // it must overlap the loads, and the grid is exactly one wave of resident blocks with equal shares
@@ -104,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     PackBF16 xv[kRows], rv[kRows];
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
-      xv[u] = PackBF16::load_cs(x + (r0 + u) * C + p * 8);
-      if (residual) rv[u] = PackBF16::load_cs(residual + (r0 + u) * C + p * 8);
+      xv[u] = PackBF16::load_cg(x + (r0 + u) * C + p * 8);
+      if (residual) rv[u] = PackBF16::load_cg(residual + (r0 + u) * C + p * 8);
     }
     uint32_t keep[kRows];
 #pragma unroll
@@ -151,7 +157,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       // dx may alias dout: the batch is loaded before any of it is stored.
       PackBF16 d[kRows];
 #pragma unroll
-      for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cs(dout + (r0 + u) * C + p * 8);
+      for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cg(dout + (r0 + u) * C + p * 8);
       uint32_t keep[kRows];
 #pragma unroll
       for (int u = 0; u < kRows; ++u)
