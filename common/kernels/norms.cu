@@ -114,12 +114,17 @@ __device__ __forceinline__ Pairs load_param(const bf16* v, int p) {  // gamma/be
   return r;
 }
 
-// Output rows are streamed out like the input rows are read (device_utils.cuh, Pack128): against
-// plain stores, on an H200 in a stream of calls, LayerNorm 2048 x 12288 took 27.0 instead of
-// 28.6 us forward, RMSNorm 8192 x 16384 130.0 instead of 135.6 forward and 217.4 instead of 219.0
-// backward; the LayerNorm backward took 44.5 instead of 44.2 (reports/h200/2026-11-22/cache_hints).
-__device__ __forceinline__ void store_pairs(bf16* row, int p, const Pairs& v) {  // write once
+// The forward streams its output rows out as it streams its input rows in (device_utils.cuh,
+// Pack128): against plain stores, on an H200 in a stream of calls, LayerNorm 2048 x 12288 took 27.0
+// instead of 28.6 us and RMSNorm 8192 x 16384 130.0 instead of 135.6. The backward keeps plain
+// stores: streamed, the LayerNorm backward took 44.5 instead of 44.2 us (RMSNorm's 217.4 instead of
+// 219.0) (reports/h200/2026-11-22/cache_hints).
+__device__ __forceinline__ void store_stream(bf16* row, int p, const Pairs& v) {  // write once
   __stcs(reinterpret_cast<uint4*>(row) + p, *reinterpret_cast<const uint4*>(v.w));
+}
+
+__device__ __forceinline__ void store_pairs(bf16* row, int p, const Pairs& v) {
+  reinterpret_cast<uint4*>(row)[p] = *reinterpret_cast<const uint4*>(v.w);
 }
 
 // Eight fp32 values to 32 bytes at a 16-byte boundary.
@@ -238,7 +243,7 @@ __device__ __forceinline__ void normalize_row(bf16* outr, float* mean_out, float
         }
         o.w[w] = to_pair(y0, y1);
       }
-      store_pairs(outr, p, o);
+      store_stream(outr, p, o);
     }
   }
 }
