@@ -46,10 +46,12 @@ struct alignas(16) Pack128 {
   }
 };
 
-// Cache hints for a kernel that reads one stream and writes another (H200, 2 x 50 MB a call, in a
-// stream of calls): streaming loads with plain stores are the slowest pairing. Streaming loads with
-// streaming stores, or L2-only loads with plain stores, took 1-2 us less in each kernel measured
-// (reports/h200/2026-11-22/cache_hints); which of the two is faster depends on the kernel.
+// Cache hints for a kernel that reads one stream and writes another: streaming loads with plain
+// stores were the slowest pairing in a copy, the dropout and the cross-entropy backward (H200, 2 x
+// 50 MB a call, in a stream of calls; reports/h200/2026-11-22/cache_hints). Streaming loads with
+// streaming stores, or L2-only loads with plain stores, took 0.7-1.4 us less; which of the two is
+// faster depends on the kernel. The LayerNorm backward was 0.25 us slower with streaming stores
+// (norms.cu).
 
 using PackBF16 = Pack128<__nv_bfloat16>;  // 8 values
 using PackF32 = Pack128<float>;           // 4 values
