@@ -11,6 +11,7 @@
 #   OUT/d_<ld><st>_<bits>[_b<n>]      dropout with the loads and stores of hints.py (ld 0 plain 1 cs 2 cg 3 lu 4 nc;
 #                                     st 0 plain 1 cs 2 cg 3 wb), 32 or 16 random bits, n rows a batch
 #   OUT/c_<ld><st>                    cross-entropy with the loads and stores of hints.py
+#   OUT/dtree, OUT/dcoop{2,1}         83d9b60's dropout, and with dbias summed after a grid barrier (grid_barrier.py)
 # Each dropout probe runs dropout_main.cu, each cross-entropy probe ce_main.cu.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,4 +56,10 @@ for b in 2 3; do
   sed "s/constexpr int kBwdRowBatch = 4;/constexpr int kBwdRowBatch = $b;/" "$out/h32.cu" > "$out/h32_b$b.cu"
   link_d d_20_32_b$b h32_b$b "-DLDH=2 -DSTH=0"
 done
+# 83d9b60's dropout (.cg loads) as it is (dtree) and with dbias finished after a grid barrier (grid_barrier.py):
+# dcoop2 launched cooperative and as a programmatic dependent, dcoop1 cooperative only
+git show 83d9b60:common/kernels/dropout.cu > "$out/dropout_83d9b60.cu"
+link_d dtree dropout_83d9b60 ""
+python3 "$here/grid_barrier.py" "$out/dropout_83d9b60.cu" "$out/v_coop.cu"
+for a in 2 1; do link_d dcoop$a v_coop "-DCOOP_ATTRS=$a"; done
 echo "build.sh: probes in $out"
