@@ -8,6 +8,8 @@
 #                                     plain loads; both
 #   OUT/dbits_short_r<R>_l<L>_s<S>    dropout backward in short blocks of 32 packs x L lanes, R rows a thread,
 #                                     S = 1 for __stcs stores (short_blocks.py)
+#   OUT/dbits_short_{late,byval}      R 4, L 8, S 1 with the Philox stream built after the loads, or (a diagnostic)
+#                                     with the seed by value instead of read from the RNG slot
 #   OUT/d_<ld><st>_<bits>[_b<n>]      dropout with the loads and stores of hints.py (ld 0 plain 1 cs 2 cg 3 lu 4 nc;
 #                                     st 0 plain 1 cs 2 cg 3 wb), 32 or 16 random bits, n rows a batch
 #   OUT/c_<ld><st>                    cross-entropy with the loads and stores of hints.py
@@ -42,6 +44,10 @@ python3 "$here/short_blocks.py" "$src" "$out/v_short.cu"
 for cfg in "4 8 0" "4 8 1" "2 16 1" "1 32 1" "4 16 1" "2 8 1" "8 4 1"; do
   set -- $cfg
   link_d dbits_short_r$1_l$2_s$3 v_short "-DKR=$1 -DKL=$2 -DKST=$3"
+done
+for m in late byval; do  # the Philox stream built after the loads; a diagnostic that never reads the RNG slot
+  python3 "$here/short_blocks.py" "$src" "$out/v_short_$m.cu" $m
+  link_d dbits_short_$m v_short_$m "-DKR=4 -DKL=8 -DKST=1"
 done
 # the load/store hint matrix
 python3 "$here/hints.py" dropout "$src" "$out/h32.cu"

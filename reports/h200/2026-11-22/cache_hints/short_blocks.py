@@ -1,6 +1,8 @@
 # Replaces the tree's dropout backward (one wave of persistent blocks walking row runs) with short blocks:
 # 32 packs x KL lanes, each thread KR rows in one batch (loads, then masks, then stores), a block's dbias
 # partial summed over its lanes in shared memory; many blocks, scheduled as they free up.
+# usage: short_blocks.py SRC OUT [late|byval]: "late" builds the Philox stream after the batch's loads; "byval" is a
+# diagnostic that never reads the RNG slot (seed 1234, offset 0: not a valid replay kernel).
 import sys
 src = open(sys.argv[1]).read()
 a = src.index("// Block (x, y) covers packs [x * blockDim.x, ...) of rows [y * rows_per_group, ...), which its")
@@ -90,4 +92,20 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
 
 }  // namespace replay
 '''
+mode = sys.argv[3] if len(sys.argv) > 3 else ""
+a = """  const Philox philox = launch_philox(rng, threshold);
+  float acc[8] = {};
+  if (owns && r_begin < rows) {
+    for_row_batches<kShortR>(r_begin, r_end, [&](auto batch, int64_t r0) {
+      constexpr int kRows = decltype(batch)::value;
+      PackBF16 d[kRows];
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cs(dout + (r0 + u) * C + p * 8);
+"""
+assert a in src
+if mode == "late":
+    src = src.replace(a, a.replace("  const Philox philox = launch_philox(rng, threshold);\n", "", 1)
+                      + "      const Philox philox = launch_philox(rng, threshold);\n")
+elif mode == "byval":
+    src = src.replace(a, a.replace("launch_philox(rng, threshold)", "threshold == 0 ? Philox(0, 0) : Philox(1234, 0)"))
 open(sys.argv[2], "w").write(src)
