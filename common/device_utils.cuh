@@ -15,6 +15,13 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
 }
 
 // Sixteen bytes of T, loaded and stored with one 128-bit access. Pointers must be 16-byte aligned.
+//
+// Cache hints, for a kernel that reads one stream and writes another: streaming loads with plain
+// stores were the slowest pairing in a copy, the dropout and the cross-entropy backward (H200, 2 x
+// 50 MB a call, in a stream of calls; reports/h200/2026-11-22/cache_hints). Streaming loads with
+// streaming stores, or L2-only loads with plain stores, took 0.7-1.4 us less; which of the two is
+// faster depends on the kernel. The LayerNorm backward was 0.25 us slower with streaming stores
+// (norms.cu).
 template <typename T>
 struct alignas(16) Pack128 {
   static constexpr int kSize = 16 / sizeof(T);
@@ -45,13 +52,6 @@ struct alignas(16) Pack128 {
     __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(v));
   }
 };
-
-// Cache hints for a kernel that reads one stream and writes another: streaming loads with plain
-// stores were the slowest pairing in a copy, the dropout and the cross-entropy backward (H200, 2 x
-// 50 MB a call, in a stream of calls; reports/h200/2026-11-22/cache_hints). Streaming loads with
-// streaming stores, or L2-only loads with plain stores, took 0.7-1.4 us less; which of the two is
-// faster depends on the kernel. The LayerNorm backward was 0.25 us slower with streaming stores
-// (norms.cu).
 
 using PackBF16 = Pack128<__nv_bfloat16>;  // 8 values
 using PackF32 = Pack128<float>;           // 4 values
