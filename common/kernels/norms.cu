@@ -117,8 +117,8 @@ __device__ __forceinline__ Pairs load_param(const bf16* v, int p) {  // gamma/be
 // The forward streams its output rows out as it streams its input rows in (device_utils.cuh,
 // Pack128): against plain stores, on an H200 in a stream of calls, LayerNorm 2048 x 12288 took 27.0
 // instead of 28.6 us and RMSNorm 8192 x 16384 130.0 instead of 135.6. The backward keeps plain
-// stores: streamed, the LayerNorm backward, just at its target, took 44.5 instead of 44.2 us, though
-// the RMSNorm backward took 217.4 instead of 219.0 (reports/h200/2026-11-22/cache_hints).
+// stores: streamed, the LayerNorm backward, just at its target, took 44.5 instead of 44.2 us,
+// though the RMSNorm backward took 217.4 instead of 219.0 (reports/h200/2026-11-22/cache_hints).
 __device__ __forceinline__ void store_stream(bf16* row, int p, const Pairs& v) {  // write once
   __stcs(reinterpret_cast<uint4*>(row) + p, *reinterpret_cast<const uint4*>(v.w));
 }
