@@ -6,11 +6,23 @@
 // its keep masks are drawn from Philox (they do not depend on the data, so that arithmetic runs
 // while the loads are in flight), then the batch is combined and stored.
 //
-// The backward's blocks stack kBwdLanes such row runs on the same packs (threadIdx.y), one after
-// the other down the block's group of rows, and add their dbias partials in shared memory before
-// writing one partial row a block: a quarter of the partial bytes, and a quarter of the rows for
-// column_sums to add. Side by side on an H200 at 2048 x 12288, in a stream of calls, that took the
-// backward with dbias from 32.2 to 31.0 us (without dbias, the same blocks: 28.8 -> 29.1 us).
+// The runs interleave: with Q runs over the grid, run q takes rows q, q + Q, q + 2Q, ... So at any
+// moment the whole grid works in one window of about Q x batch consecutive rows, and no run has
+// more than one row more than another. Against contiguous runs of ceil(rows / Q) rows (2048 rows
+// in 88 runs of 24, the last 8 runs short or empty), side by side on an H200 at 2048 x 12288 in a
+// stream of calls, the forward went from 39.6-40.3 to 38.4-38.9 us, the backward without dbias
+// from 28.2-28.5 to 27.7-27.9 us and with dbias from 30.0-30.3 to 29.8-30.2 us
+// (reports/h200/2026-11-22/dropout_row_order).
+//
+// The backward's blocks stack kBwdLanes such runs on the same packs (threadIdx.y) and add their
+// dbias partials in shared memory before writing one partial row a block: a quarter of the
+// partial bytes, and a quarter of the rows for column_sums to add. Side by side on an H200 at 2048
+// x 12288, in a stream of calls, that took the backward with dbias from 32.2 to 31.0 us (without
+// dbias, the same blocks: 28.8 -> 29.1 us). Finishing dbias inside the kernel instead (the last
+// block of a column tile adding the tile's partial rows, or every block after a grid barrier) was
+// about 3 us slower than column_sums; so was giving each block whole columns of every row (no
+// partial rows at all), whose 192-byte row segments stream 2.6 us slower (same folder, and
+// reports/h200/2026-11-22/cache_hints).
 //
 // Row data is loaded through L2 only (ld.global.cg) and stored plainly. Against streaming loads
 // (ld.global.cs) with the same stores, side by side on an H200 at 2048 x 12288 in a stream of
@@ -75,21 +87,34 @@ __device__ __forceinline__ Philox launch_philox(RngArgs rng, uint32_t threshold)
   return Philox(rng.slot->seed, rng.slot->offset + rng.op_offset);
 }
 
-// Walks rows [r_begin, r_end) in batches of kBatch rows and then single rows, calling
-// batch(integral_constant<int, n>, r0) for rows r0 .. r0 + n - 1: no bounds checks inside.
+// The last batch of a run, of `left` < kBatch + 1 rows (none when left is 0).
 template <int kBatch, typename Batch>
-__device__ __forceinline__ void for_row_batches(int64_t r_begin, int64_t r_end, Batch&& batch) {
-  int64_t r0 = r_begin;
-  for (; r0 + kBatch <= r_end; r0 += kBatch) batch(std::integral_constant<int, kBatch>{}, r0);
-  for (; r0 < r_end; ++r0) batch(std::integral_constant<int, 1>{}, r0);
+__device__ __forceinline__ void last_batch(int64_t left, int64_t r0, Batch& batch) {
+  if constexpr (kBatch > 0) {
+    if (left == kBatch) {
+      batch(std::integral_constant<int, kBatch>{}, r0);
+    } else {
+      last_batch<kBatch - 1>(left, r0, batch);
+    }
+  }
 }
 
-// Block (x, y) covers packs [x * blockDim.x, ...) of rows [y * rows_per_group, ...).
+// Walks run q of Q (rows q, q + Q, ... below `rows`) in batches of kBatch rows and one last batch
+// of the rest, calling batch(integral_constant<int, n>, r0) for rows r0, r0 + Q, ..., r0 + (n - 1)
+// Q: no bounds checks inside.
+template <int kBatch, typename Batch>
+__device__ __forceinline__ void walk_run(int64_t q, int64_t Q, int64_t rows, Batch&& batch) {
+  const int64_t count = q < rows ? (rows - q + Q - 1) / Q : 0;
+  int64_t k = 0;
+  for (; k + kBatch <= count; k += kBatch) batch(std::integral_constant<int, kBatch>{}, q + k * Q);
+  last_batch<kBatch - 1>(count - k, q + k * Q, batch);
+}
+
+// Block (x, y) covers packs [x * blockDim.x, ...) of run y of gridDim.y.
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     dropout_residual_forward_kernel(bf16* out, const bf16* x, const bf16* __restrict__ bias,
-                                    const bf16* residual, int64_t rows, int C,
-                                    int64_t rows_per_group, uint32_t threshold, float scale,
-                                    RngArgs rng) {
+                                    const bf16* residual, int64_t rows, int C, uint32_t threshold,
+                                    float scale, RngArgs rng) {
   allow_dependent_launch();
   wait_for_previous_grid();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -101,22 +126,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 #pragma unroll
     for (int j = 0; j < 8; ++j) b[j] = __bfloat162float(bv.v[j]);
   }
-  const int64_t r_begin = blockIdx.y * rows_per_group;
-  const int64_t r_end = min(rows, r_begin + rows_per_group);
-  for_row_batches<kFwdRowBatch>(r_begin, r_end, [&](auto batch, int64_t r0) {
+  const int64_t Q = gridDim.y;
+  walk_run<kFwdRowBatch>(blockIdx.y, Q, rows, [&](auto batch, int64_t r0) {
     constexpr int kRows = decltype(batch)::value;
     // Loads first (out may alias x or residual, so all of them precede the batch's stores), then
     // the masks, whose arithmetic overlaps the loads' latency.
     PackBF16 xv[kRows], rv[kRows];
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
-      xv[u] = PackBF16::load_cg(x + (r0 + u) * C + p * 8);
-      if (residual) rv[u] = PackBF16::load_cg(residual + (r0 + u) * C + p * 8);
+      xv[u] = PackBF16::load_cg(x + (r0 + u * Q) * C + p * 8);
+      if (residual) rv[u] = PackBF16::load_cg(residual + (r0 + u * Q) * C + p * 8);
     }
     uint32_t keep[kRows];
 #pragma unroll
     for (int u = 0; u < kRows; ++u)
-      keep[u] = threshold != 0 ? philox.keep_bits((r0 + u) * C + p * 8, threshold) : ~0u;
+      keep[u] = threshold != 0 ? philox.keep_bits((r0 + u * Q) * C + p * 8, threshold) : ~0u;
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
       PackBF16 o;
@@ -128,18 +152,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
         if (residual) v += __bfloat162float(rv[u].v[j]);
         o.v[j] = __float2bfloat16_rn(v);
       }
-      o.store(out + (r0 + u) * C + p * 8);
+      o.store(out + (r0 + u * Q) * C + p * 8);
     }
   });
 }
 
-// Block (x, y) covers packs [x * blockDim.x, ...) of rows [y * rows_per_group, ...), which its
-// kBwdLanes lanes (threadIdx.y) take in runs of rows_per_group / kBwdLanes; each block writes one
-// dbias partial row, partials[y][its columns], the lanes' sums added in lane order.
+// Block (x, y) covers packs [x * blockDim.x, ...) of runs y * kBwdLanes + lane of gridDim.y *
+// kBwdLanes, one a lane (threadIdx.y); each block writes one dbias partial row, partials[y][its
+// columns], the lanes' sums added in lane order.
 __global__ void __launch_bounds__(kBwdThreads, 1)
     dropout_residual_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout,
-                                     int64_t rows, int C, int64_t rows_per_group,
-                                     uint32_t threshold, float scale, RngArgs rng) {
+                                     int64_t rows, int C, uint32_t threshold, float scale,
+                                     RngArgs rng) {
   __shared__ float4 lane_sums[kBwdLanes - 1][kThreads][2];
   allow_dependent_launch();
   wait_for_previous_grid();
@@ -148,33 +172,31 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const Philox philox = launch_philox(rng, threshold);
   float acc[8] = {};
   if (owns) {
-    const int64_t group_end = min(rows, (blockIdx.y + int64_t{1}) * rows_per_group);
-    const int64_t run = rows_per_group / kBwdLanes;
-    const int64_t r_begin = min(group_end, blockIdx.y * rows_per_group + lane * run);
-    const int64_t r_end = min(group_end, r_begin + run);
-    for_row_batches<kBwdRowBatch>(r_begin, r_end, [&](auto batch, int64_t r0) {
-      constexpr int kRows = decltype(batch)::value;
-      // dx may alias dout: the batch is loaded before any of it is stored.
-      PackBF16 d[kRows];
+    const int64_t Q = int64_t{gridDim.y} * kBwdLanes;
+    walk_run<kBwdRowBatch>(
+        blockIdx.y * int64_t{kBwdLanes} + lane, Q, rows, [&](auto batch, int64_t r0) {
+          constexpr int kRows = decltype(batch)::value;
+          // dx may alias dout: the batch is loaded before any of it is stored.
+          PackBF16 d[kRows];
 #pragma unroll
-      for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cg(dout + (r0 + u) * C + p * 8);
-      uint32_t keep[kRows];
+          for (int u = 0; u < kRows; ++u) d[u] = PackBF16::load_cg(dout + (r0 + u * Q) * C + p * 8);
+          uint32_t keep[kRows];
 #pragma unroll
-      for (int u = 0; u < kRows; ++u)
-        keep[u] = threshold != 0 ? philox.keep_bits((r0 + u) * C + p * 8, threshold) : ~0u;
+          for (int u = 0; u < kRows; ++u)
+            keep[u] = threshold != 0 ? philox.keep_bits((r0 + u * Q) * C + p * 8, threshold) : ~0u;
 #pragma unroll
-      for (int u = 0; u < kRows; ++u) {
-        PackBF16 o;
+          for (int u = 0; u < kRows; ++u) {
+            PackBF16 o;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          float v = __bfloat162float(d[u].v[j]);
-          if (threshold != 0) v = (keep[u] >> j) & 1u ? v * scale : 0.0f;
-          acc[j] += v;
-          o.v[j] = __float2bfloat16_rn(v);
-        }
-        o.store(dx + (r0 + u) * C + p * 8);
-      }
-    });
+            for (int j = 0; j < 8; ++j) {
+              float v = __bfloat162float(d[u].v[j]);
+              if (threshold != 0) v = (keep[u] >> j) & 1u ? v * scale : 0.0f;
+              acc[j] += v;
+              o.v[j] = __float2bfloat16_rn(v);
+            }
+            o.store(dx + (r0 + u * Q) * C + p * 8);
+          }
+        });
   }
   if (partials == nullptr) return;
   if (lane > 0) {
@@ -206,20 +228,19 @@ void check_args(int64_t rows, int C, float p, RngArgs rng) {
                  "dropout with p > 0 needs an RNG slot");
 }
 
-// The blocks: column tiles of `threads` packs by `groups` groups of rows_per_group rows, each
-// block `lanes` threads deep (rows_per_group a multiple of lanes).
+// The blocks: column tiles of `threads` packs by `groups` row groups, each block `lanes` threads
+// deep, one run of rows a lane.
 struct Plan {
   int threads, lanes, col_tiles, groups;
-  int64_t rows_per_group;
 };
 
-// As many row groups as make one wave of resident blocks (every SM full, every lane an equal share
-// of rows; 2048 x 12288 on 132 SMs: the backward's 6 tiles x 22 groups of 4 lanes x 24 rows), at
-// most max_groups. Depends only on the shape and the device, never on timing. Made once per
-// (kernel, device, shape) and cached: the occupancy query costs microseconds of host time on every
-// launch otherwise.
+// As many row groups as make one wave of resident blocks (every SM full; 2048 x 12288 on 132 SMs:
+// the backward's 6 tiles x 22 groups of 4 lanes, 88 runs of 23 or 24 rows), at most max_groups.
+// Depends only on the shape (C and the bound, which the caller derives from the rows) and the
+// device, never on timing. Made once per (kernel, device, C, bound) and cached: the occupancy query
+// costs microseconds of host time on every launch otherwise.
 template <typename Kernel>
-Plan make_plan(Kernel kernel, int lanes, int device, int64_t rows, int C, int64_t max_groups) {
+Plan make_plan(Kernel kernel, int lanes, int device, int C, int64_t max_groups) {
   Plan plan{};
   const int packs = C / 8;
   plan.threads = std::min(kThreads, ceil_div(packs, 32) * 32);
@@ -230,24 +251,21 @@ Plan make_plan(Kernel kernel, int lanes, int device, int64_t rows, int C, int64_
   REPLAY_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.threads * lanes, 0));
   const int64_t wave_groups = std::max<int64_t>(1, int64_t{sms} * per_sm / plan.col_tiles);
-  const int64_t groups = std::min(wave_groups, max_groups);
-  plan.rows_per_group = ceil_div<int64_t>(rows, groups * lanes) * lanes;
-  plan.groups = static_cast<int>(ceil_div<int64_t>(rows, plan.rows_per_group));
+  plan.groups = static_cast<int>(std::min(wave_groups, max_groups));
   return plan;
 }
 
 template <typename Kernel>
-Plan plan_blocks(Kernel kernel, int lanes, int64_t rows, int C, int64_t max_groups) {
-  static std::map<std::tuple<const void*, int, int64_t, int, int64_t>, Plan> cache;
+Plan plan_blocks(Kernel kernel, int lanes, int C, int64_t max_groups) {
+  static std::map<std::tuple<const void*, int, int, int64_t>, Plan> cache;
   static std::mutex mutex;
   int device = 0;
   REPLAY_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  const auto key =
-      std::make_tuple(reinterpret_cast<const void*>(kernel), device, rows, C, max_groups);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, C, max_groups);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    it = cache.emplace(key, make_plan(kernel, lanes, device, rows, C, max_groups)).first;
+    it = cache.emplace(key, make_plan(kernel, lanes, device, C, max_groups)).first;
   }
   return it->second;
 }
@@ -266,11 +284,11 @@ void dropout_residual_forward(bf16* out, const bf16* x, const bf16* bias, const 
   check_args(rows, C, p, rng);
   REPLAY_REQUIRE(aligned16(out) && aligned16(x) && aligned16(bias) && aligned16(residual),
                  "dropout tensors must be 16-byte aligned");
-  const Plan plan = plan_blocks(dropout_residual_forward_kernel, 1, rows, C,
-                                ceil_div<int64_t>(rows, kFwdRowBatch));
+  const Plan plan =
+      plan_blocks(dropout_residual_forward_kernel, 1, C, ceil_div<int64_t>(rows, kFwdRowBatch));
   launch_dependent(dropout_residual_forward_kernel, dim3(plan.col_tiles, plan.groups), plan.threads,
-                   stream, out, x, bias, residual, rows, C, plan.rows_per_group,
-                   dropout_threshold(p), 1.0f / (1.0f - p), rng);
+                   stream, out, x, bias, residual, rows, C, dropout_threshold(p), 1.0f / (1.0f - p),
+                   rng);
   REPLAY_LAUNCH_CHECK();
 }
 
@@ -286,8 +304,8 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
   check_args(rows, C, p, rng);
   REPLAY_REQUIRE(aligned16(dx) && aligned16(dout) && aligned16(workspace),
                  "dropout tensors and workspace must be 16-byte aligned");
-  const Plan plan = plan_blocks(dropout_residual_backward_kernel, kBwdLanes, rows, C,
-                                backward_max_groups(rows, C));
+  const Plan plan =
+      plan_blocks(dropout_residual_backward_kernel, kBwdLanes, C, backward_max_groups(rows, C));
   float* partials = nullptr;
   if (dbias) {
     const size_t needed = static_cast<size_t>(plan.groups) * C * sizeof(float);
@@ -298,7 +316,7 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
   }
   launch_dependent(dropout_residual_backward_kernel, dim3(plan.col_tiles, plan.groups),
                    dim3(plan.threads, plan.lanes), stream, dx, partials, dout, rows, C,
-                   plan.rows_per_group, dropout_threshold(p), 1.0f / (1.0f - p), rng);
+                   dropout_threshold(p), 1.0f / (1.0f - p), rng);
   REPLAY_LAUNCH_CHECK();
   if (dbias) column_sums(1, dbias, nullptr, partials, plan.groups, C, accumulate_dbias, stream);
 }

@@ -388,10 +388,12 @@ struct DropShape {
   int64_t rows;
   int C;
 };
-// The backward's blocks take their group of rows in four runs: the short shapes leave some runs
-// short or empty; 260 x 4096 makes 17 groups of full four-row batches on an H100 or H200.
-const DropShape kDropShapes[] = {{1, 8},      {7, 1032},   {100, 2048},
-                                 {260, 4096}, {33, 12288}, {9, 16384}};
+// Every lane of the kernels walks one run of rows (q, q + Q, ...) in batches, and a last batch of
+// the rest. On an H100 or H200 the short shapes leave runs of 1-4 rows or none (the last batch
+// alone, of every size); 700 x 12288 takes one wave of 88 runs of 7 or 8 rows in both directions
+// (full batches followed by a last batch of 3 or 1).
+const DropShape kDropShapes[] = {{1, 8},      {7, 1032},  {100, 2048}, {260, 4096},
+                                 {33, 12288}, {9, 16384}, {700, 12288}};
 
 PhiloxSlot upload_slot(test::DeviceBuffer<PhiloxSlot>& slot, uint64_t seed, uint64_t offset) {
   const PhiloxSlot s{seed, offset};
