@@ -20,9 +20,10 @@
 // x 12288, in a stream of calls, that took the backward with dbias from 32.2 to 31.0 us (without
 // dbias, the same blocks: 28.8 -> 29.1 us). Finishing dbias inside the kernel instead (the last
 // block of a column tile adding the tile's partial rows, or every block after a grid barrier) was
-// about 3 us slower than column_sums; so was giving each block whole columns of every row (no
-// partial rows at all), whose 192-byte row segments stream 2.6 us slower (same folder, and
-// reports/h200/2026-11-22/cache_hints).
+// about 3 us slower than column_sums. Giving each block, or each cluster, whole columns of every
+// row needs no partial rows at all, but its narrow row slices (192 or 384 bytes) stream 2.4-2.6 us
+// slower: with dbias the blocks came out level with this kernel and the clusters 1.1 us slower
+// (same folder, and reports/h200/2026-11-22/cache_hints).
 //
 // Row data is loaded through L2 only (ld.global.cg) and stored plainly. Against streaming loads
 // (ld.global.cs) with the same stores, side by side on an H200 at 2048 x 12288 in a stream of

@@ -8,6 +8,8 @@
 #   OUT/slab_<S>_<T>          the backward in column slabs of S packs, T threads a block (slabs.py on ROW_ORDER 2)
 #   OUT/cl_<K>_<S>_<T>        slabs of S packs shared by clusters of K blocks of T threads (clusters.py on ROW_ORDER 2)
 #   OUT/tree                  the dropout of BUILD's library (the tree's, rows interleaved since 6300d1b)
+#   OUT/ring_<S>_<B>          da4f0ab's dropout with the backward's loads staged by cp.async, S stages of B rows
+#                             (ring.py); ring_<S>_<B>_ph1 with the masks drawn after the wait
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(git -C "$here" rev-parse --show-toplevel)
@@ -42,4 +44,16 @@ for cfg in "8 96 960" "4 48 1008" "2 24 1008"; do
   $nv "$out/dmain.o" "$out/cl_$1_$2_$3.o" $libs -o "$out/cl_$1_$2_$3"
 done
 $nv "$out/dmain.o" $libs -o "$out/tree"
+git show da4f0ab:common/kernels/dropout.cu > "$out/dropout_da4f0ab.cu"
+python3 "$here/ring.py" "$out/dropout_da4f0ab.cu" "$out/v_ring.cu"
+for cfg in "2 4" "3 4" "3 2" "4 2"; do
+  set -- $cfg
+  $nv -c "$out/v_ring.cu" -DSTAGES=$1 -DRB=$2 -o "$out/ring_$1_$2.o"
+  $nv "$out/dmain.o" "$out/ring_$1_$2.o" $libs -o "$out/ring_$1_$2"
+done
+for cfg in "2 4" "3 4"; do
+  set -- $cfg
+  $nv -c "$out/v_ring.cu" -DSTAGES=$1 -DRB=$2 -DPH=1 -o "$out/ring_$1_$2_ph1.o"
+  $nv "$out/dmain.o" "$out/ring_$1_$2_ph1.o" $libs -o "$out/ring_$1_$2_ph1"
+done
 echo "build.sh: probes in $out"
