@@ -137,6 +137,7 @@ def make_result(spec, times_ms, peak_tflops, note=None, backend_used=None):
     entry = {"name": spec["name"], "kind": spec["kind"], "shape": dict(spec["shape"]), "dtype": "bf16"}
     if times_ms:
         entry.update(summarize(times_ms))
+        entry["samples_ms"] = list(times_ms)
     else:
         entry.update({"median_ms": None, "p10_ms": None, "p90_ms": None})
     flops = spec["flops"]

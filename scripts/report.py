@@ -209,7 +209,8 @@ def _why_unmeasured(tool, entry):
 
 def compare_ops(replay, pytorch):
     """One row per GEMM or attention name (explicit-backend variants excluded), in replay's order then
-    PyTorch's extras. ratio = replay throughput / PyTorch throughput = pytorch median / replay median."""
+    PyTorch's extras. ratio = replay throughput / PyTorch throughput = pytorch median / replay median, the
+    one judged; p10_ratio is the same for the fastest tenth of the calls (pytorch p10 / replay p10)."""
     rep = {r["name"]: r for r in replay["results"]}
     pt = {r["name"]: r for r in pytorch["results"]}
     rows = []
@@ -219,7 +220,8 @@ def compare_ops(replay, pytorch):
         if kind == "kernel" or split_variant(name)[1] is not None:
             continue
         row = {"name": name, "kind": kind, "shape": (a or b)["shape"], "replay": a, "pytorch": b,
-               "ratio": None, "target": target_for(kind, name), "status": MISSING, "note": None}
+               "ratio": None, "p10_ratio": None, "target": target_for(kind, name), "status": MISSING,
+               "note": None}
         if a is not None and b is not None and _disagreement(a, b):
             row.update(status=MISMATCH, note=_disagreement(a, b))
         elif not _measured(a) or not _measured(b):
@@ -228,6 +230,8 @@ def compare_ops(replay, pytorch):
         else:
             row["ratio"] = b["median_ms"] / a["median_ms"]
             row["status"] = _judge(row["ratio"], row["target"])
+            if _is_number(a.get("p10_ms")) and _is_number(b.get("p10_ms")) and a["p10_ms"] > 0:
+                row["p10_ratio"] = b["p10_ms"] / a["p10_ms"]
         rows.append(row)
     return rows
 
@@ -336,13 +340,19 @@ def section_verdict(rows, krows):
              f"{len(judged) - len(met) - len(failed)} not judged)."]
     if failed:
         lines.append("Failed: " + ", ".join(f"`{n}`" for n in failed) + ".")
+    fast_ok = [r for r in rows if r["status"] == FAIL and r["p10_ratio"] is not None
+               and r["p10_ratio"] >= r["target"]]
+    if fast_ok:
+        lines.append("Of these, the fastest tenth of the calls meets the target for " +
+                     ", ".join(f"`{r['name']}` ({r['p10_ratio']:.3f})" for r in fast_ok) +
+                     ": the medians differ more than the best calls do (see the p10 column).")
     if unjudged:
         lines.append("Not judged (missing or mismatched): " + ", ".join(f"`{n}`" for n in unjudged) + ".")
     lines.append(f"Targets: GEMMs >= {GEMM_TARGET:.2f} of PyTorch; attention forward+backward >= "
                  f"{ATTENTION_TARGET:.2f} of PyTorch's default backend; memory-bound kernels >= "
                  f"{KERNEL_TARGET:.2f} "
                  "of replay's copy bandwidth. Ratios are replay throughput over PyTorch's (PyTorch median / "
-                 "replay median).")
+                 "replay median); the verdict is on medians.")
     return lines + [""]
 
 
@@ -366,10 +376,14 @@ def section_ops_table(rows):
             pt_ms += f" ({b['backend']})"
         rep_tf = fmt(_tflops(a), ".1f")
         out.append([f"`{r['name']}`", r["kind"], fmt_shape(r["shape"]), rep_ms, pt_ms, rep_tf,
-                    fmt(r["ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)])
-    header = ["op", "kind", "shape", "replay ms", "pytorch ms", "replay TFLOP/s", "replay/pytorch", "target",
-              "result"]
-    return ["## GEMMs and attention: replay against PyTorch", ""] + table(header, out) + [""]
+                    fmt(r["ratio"], ".3f"), fmt(r["p10_ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)])
+    header = ["op", "kind", "shape", "replay ms", "pytorch ms", "replay TFLOP/s", "replay/pytorch", "at p10",
+              "target", "result"]
+    return ["## GEMMs and attention: replay against PyTorch", "",
+            "Medians (judged) and, under \"at p10\", the same ratio for the fastest tenth of each tool's calls. "
+            "Near the power limit a series of calls can run partly at one clock level and partly at another; "
+            "the median then moves with the point where the clocks drop, the fastest calls much less.", ""] \
+        + table(header, out) + [""]
 
 
 def section_kernels(krows, copy_gbps):

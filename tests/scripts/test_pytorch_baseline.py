@@ -122,8 +122,9 @@ class Statistics(unittest.TestCase):
 
     def test_result_entry(self):
         spec = next(s for s in pb.op_specs() if s["name"] == "gpt3_175b_tp4.qkv.fwd")
-        r = pb.make_result(spec, [1.0, 1.0, 1.0], peak_tflops=800.0)
+        r = pb.make_result(spec, [1.0, 1.25, 1.0], peak_tflops=800.0)
         self.assertEqual(r["median_ms"], 1.0)
+        self.assertEqual(r["samples_ms"], [1.0, 1.25, 1.0])  # every timed call, in call order
         self.assertAlmostEqual(r["tflops"], 2 * 2048 * 9216 * 12288 / 1e-3 / 1e12)
         self.assertAlmostEqual(r["fraction_of_peak"], r["tflops"] / 800.0)
         self.assertIsNone(r["bytes"])
@@ -136,6 +137,7 @@ class Statistics(unittest.TestCase):
         r = pb.make_result(spec, None, 800.0, note="CUDNN_ATTENTION refused", backend_used="CUDNN_ATTENTION")
         for key in ("median_ms", "p10_ms", "p90_ms", "tflops", "fraction_of_peak"):
             self.assertIsNone(r[key], key)
+        self.assertNotIn("samples_ms", r)
         self.assertEqual(r["note"], "CUDNN_ATTENTION refused")
         self.assertEqual(r["backend"], "CUDNN_ATTENTION")
         self.assertIsNotNone(r["flops"])

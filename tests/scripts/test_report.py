@@ -246,9 +246,25 @@ class OpsComparison(TempDirCase):
         self.assertEqual(cells[4], "0.94")
         self.assertEqual(cells[5], "1000.0")  # 1e12 flops in 1 ms
         self.assertEqual(cells[6], "0.940")
-        self.assertEqual(cells[7], "0.95")
-        self.assertEqual(cells[8], "FAIL")
+        self.assertEqual(cells[7], "0.940")  # p10 ratio: the fixture's p10 is its median
+        self.assertEqual(cells[8], "0.95")
+        self.assertEqual(cells[9], "FAIL")
         self.assertIn("(CUDNN_ATTENTION)", table_row(md, "`s.attention.fwd_bwd`")[4])
+
+    def test_fastest_tenth_is_shown_and_named_when_only_the_median_fails(self):
+        replay, pytorch = replay_doc(), pytorch_doc()
+        # s.qkv.dgrad: medians 1.0 vs 0.94 (fails), fastest tenths 0.80 vs 0.79 (ratio 0.9875)
+        next(e for e in replay["results"] if e["name"] == "s.qkv.dgrad")["p10_ms"] = 0.80
+        next(e for e in pytorch["results"] if e["name"] == "s.qkv.dgrad")["p10_ms"] = 0.79
+        md, rows, _, _ = self.run_ops(replay, pytorch)
+        self.assertEqual(rows["s.qkv.dgrad"]["status"], report.FAIL)  # judged on the medians
+        self.assertAlmostEqual(rows["s.qkv.dgrad"]["p10_ratio"], 0.79 / 0.80)
+        self.assertEqual(table_row(md, "`s.qkv.dgrad`")[7], "0.988")
+        line = next(line for line in md.splitlines() if line.startswith("Of these"))
+        self.assertIn("`s.qkv.dgrad` (0.988)", line)
+        # t.attention.fwd_bwd fails at p10 too (equal p10 and median in the fixture): not named
+        self.assertNotIn("t.attention.fwd_bwd", line)
+        self.assertIsNone(rows["s.only_replay.fwd"]["p10_ratio"])  # nothing to compare with
 
     def test_verdict_counts_targets(self):
         md, _, _, _ = self.run_ops()

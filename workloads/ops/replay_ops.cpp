@@ -535,7 +535,8 @@ int run(int argc, char** argv) {
   json results = json::array();
   for (OpCase& c : cases) {
     c.prepare(ctx, arena);
-    const bench::Stats st = bench::summarize(bench::time_repeats(ctx.stream(), warmup, repeats, c.run, lead_ms));
+    const std::vector<double> samples = bench::time_repeats(ctx.stream(), warmup, repeats, c.run, lead_ms);
+    const bench::Stats st = bench::summarize(samples);
     const double tflops = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : 0;
     const double gbps = c.bytes > 0 ? c.bytes / (st.median * 1e-3) / 1e9 : 0;
     const double frac = c.flops > 0 ? tflops / peaks.bf16_gemm_tflops : gbps / peaks.copy_gbps;
@@ -548,7 +549,8 @@ int run(int argc, char** argv) {
               {"flops", c.flops > 0 ? json(c.flops) : json(nullptr)},
               {"bytes", c.bytes > 0 ? json(c.bytes) : json(nullptr)},
               {"tflops", c.flops > 0 ? json(tflops) : json(nullptr)},
-              {"gbps", c.bytes > 0 ? json(gbps) : json(nullptr)}, {"fraction_of_peak", frac}};
+              {"gbps", c.bytes > 0 ? json(gbps) : json(nullptr)}, {"fraction_of_peak", frac},
+              {"samples_ms", samples}};
     if (c.sets > 0) {
       r["stream"] = {{"calls", calls}, {"buffer_sets", c.sets}, {"median_ms", stream.median},
                      {"p10_ms", stream.p10}, {"p90_ms", stream.p90},
