@@ -2,7 +2,8 @@
 """report.py: markdown tables and plots from the JSON that replay's benchmarks write (reports/SCHEMA.md).
 
     python3 scripts/report.py ops --replay replay_ops.json [--pytorch pytorch_ops.json] --out DIR
-        -> DIR/ops_summary.md, DIR/ops_ratio.png
+        -> DIR/ops_summary.md, DIR/ops_ratio.png, DIR/ops_failed_series.png (when a GEMM or attention
+           that failed has per-call times from both tools)
     python3 scripts/report.py graphs --json graphs_bench.json --out DIR
         -> DIR/graphs_summary.md, DIR/graphs_sweep.png
     python3 scripts/report.py workloads --dir RUNS [--out DIR]
@@ -109,6 +110,9 @@ def validate_ops(doc, path, tool):
                 raise ReportError(f"{where}: '{key}' must be a number or null")
         if r.get("median_ms") is not None and r["median_ms"] <= 0:
             raise ReportError(f"{where}: 'median_ms' must be positive")
+        samples = r.get("samples_ms")
+        if samples is not None and not (isinstance(samples, list) and samples and all(map(_is_number, samples))):
+            raise ReportError(f"{where}: 'samples_ms' must be a non-empty list of numbers")
     return doc
 
 
@@ -509,6 +513,29 @@ def plot_graph_sweep(sweep, crossings, path):
     return True
 
 
+def plot_failed_series(rows, path, limit=6):
+    """Each tool's per-call times (samples_ms, the run that gave its median) for the first `limit` rows,
+    one panel an op: where a series changes clock level part-way, the panel shows at which call."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    rows = rows[:limit]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.2 * len(rows)), squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        for tool, colour in (("replay", "tab:blue"), ("pytorch", "tab:orange")):
+            samples = r[tool]["samples_ms"]
+            ax.plot(range(len(samples)), samples, color=colour, linewidth=1,
+                    label=f"{tool} (median {r[tool]['median_ms']:.4g} ms)")
+        ax.set_title(f"{r['name']}: replay/pytorch {r['ratio']:.3f} at the median", fontsize=9)
+        ax.set_ylabel("ms per call", fontsize=8)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("timed call")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _plot_line(written, name, what):
     if written:
         return [f"![{what}]({name})", ""]
@@ -651,6 +678,12 @@ def report_ops(replay_path, pytorch_path, out_dir, nondeterministic_path=None):
     lines += section_verdict(rows, krows)
     lines += section_ops_table(rows)
     lines += _plot_line(written, "ops_ratio.png", "replay / PyTorch per op")
+    with_series = [r for r in rows if r["status"] == FAIL
+                   and all(r[tool] is not None and r[tool].get("samples_ms") for tool in ("replay", "pytorch"))]
+    if with_series:
+        lines += ["Per-call times of the GEMMs and attention that failed, each tool's run with the best median:", ""]
+        lines += _plot_line(plot_failed_series(with_series, os.path.join(out_dir, "ops_failed_series.png")),
+                            "ops_failed_series.png", "per-call times of the failed ops")
     lines += section_attention_backends(variants, brows)
     if nondeterministic_path is not None:
         nondet = validate_ops(load_json(nondeterministic_path), nondeterministic_path, "replay-ops")

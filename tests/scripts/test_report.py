@@ -334,6 +334,30 @@ class OpsComparison(TempDirCase):
         self.assertFalse(os.path.exists(os.path.join(out, "ops_ratio.png")))
         self.assertEqual(rows["s.qkv.fwd"]["status"], report.PASS)
 
+    def test_failed_ops_series_only_when_both_tools_have_samples(self):
+        md, _, _, out = self.run_ops()  # the fixture has no samples_ms
+        self.assertNotIn("ops_failed_series.png", md)
+        replay, pytorch = replay_doc(), pytorch_doc()
+        for doc in (replay, pytorch):
+            for e in doc["results"]:
+                e["samples_ms"] = [e["median_ms"]] * 3 if e["median_ms"] else None
+        with mock.patch.object(report, "plot_failed_series", return_value=True) as plot:
+            md, _, _, _ = self.run_ops(replay, pytorch)
+        names = [r["name"] for r in plot.call_args[0][0]]
+        self.assertEqual(names, ["s.qkv.dgrad", "t.attention.fwd_bwd"])  # the failed GEMM and attention
+        self.assertIn("![per-call times of the failed ops](ops_failed_series.png)", md)
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not importable")
+    def test_failed_ops_series_plot_written(self):
+        replay, pytorch = replay_doc(), pytorch_doc()
+        for doc, first in ((replay, 1.0), (pytorch, 0.9)):
+            for e in doc["results"]:
+                if e["name"] == "s.qkv.dgrad":
+                    e["samples_ms"] = [first, first, 1.0, 1.0]
+        _, _, _, out = self.run_ops(replay, pytorch)
+        with open(os.path.join(out, "ops_failed_series.png"), "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not importable")
     def test_ratio_plot_written(self):
         _, _, _, out = self.run_ops()
@@ -381,6 +405,13 @@ class MalformedInput(TempDirCase):
         d = pytorch_doc()
         d["results"].append(copy.deepcopy(d["results"][0]))
         self.expect_error(d, "duplicate name", "s.qkv.fwd", replay=False)
+
+    def test_bad_samples(self):
+        for bad in ("fast", [], [1.0, "slow"]):
+            d = replay_doc()
+            d["results"][0]["samples_ms"] = bad
+            with self.subTest(bad=bad):
+                self.expect_error(d, "results[0] (s.qkv.fwd)", "samples_ms")
 
     def test_non_numeric_time(self):
         d = replay_doc()
