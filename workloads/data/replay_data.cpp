@@ -34,10 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", params.seq_len,
                  "model sequence length (rows hold seq_len + 1 tokens)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   app.add_option("--sequences", params.num_sequences, "number of sequences (rows)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   app.add_option("--seed", params.seed, "seed of the chain and of its run")->capture_default_str();
   app.add_option("--order", params.order, "Markov order k: the next token depends on the last k")
       ->capture_default_str()

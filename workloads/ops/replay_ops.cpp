@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <regex>
@@ -465,11 +466,14 @@ int run(int argc, char** argv) {
   CLI::App app{"replay-ops: GEMM, attention and kernel throughput on the MLPerf shard shapes"};
   int warmup = 10, repeats = 50, device = 0;
   std::string json_path, only;
-  app.add_option("--warmup", warmup, "untimed calls before timing")->check(CLI::NonNegativeNumber);
-  app.add_option("--repeats", repeats, "timed calls (median, p10, p90 reported)")->check(CLI::PositiveNumber);
+  // Integer ranges, not CLI::PositiveNumber, whose message quotes a range up to the largest double.
+  constexpr int kMaxInt = std::numeric_limits<int>::max();
+  app.add_option("--warmup", warmup, "untimed calls before timing")->check(CLI::Range(0, kMaxInt));
+  app.add_option("--repeats", repeats, "timed calls (median, p10, p90 reported)")
+      ->check(CLI::Range(1, kMaxInt));
   app.add_option("--json", json_path, "write the results here (reports/SCHEMA.md)");
   app.add_option("--only", only, "time only the ops whose name matches this regular expression");
-  app.add_option("--device", device, "CUDA device ordinal");
+  app.add_option("--device", device, "CUDA device ordinal")->check(CLI::Range(0, 1023));
   double lead_ms = 50;
   app.add_option("--lead-ms", lead_ms,
                  "idle time before each op's timed calls, so every series starts from the same clocks "
