@@ -391,7 +391,7 @@ struct DropShape {
 // Every lane of the kernels walks one run of rows (q, q + Q, ...) in batches, and a last batch of
 // the rest. On an H100 or H200 the short shapes leave runs of 1-4 rows or none (the last batch
 // alone, of every size); 700 x 12288 takes one wave of 88 runs of 7 or 8 rows in both directions
-// (full batches followed by a last batch of 3 or 1).
+// (full batches, then in the 7-row runs a last batch of 3 rows backward and 1 forward).
 const DropShape kDropShapes[] = {{1, 8},      {7, 1032},  {100, 2048}, {260, 4096},
                                  {33, 12288}, {9, 16384}, {700, 12288}};
 
