@@ -67,9 +67,11 @@ failures=()
 
 # GEMMs near the power limit run a few percent faster or slower from one minute to the next, so the two
 # tools take turns (replay, PyTorch, three times each) and each op keeps its best median of the three.
-# (A series of dense GEMMs starts at one clock level and drops after ~35-75 ms, whichever tool issues
-# them; the 50 calls of a 2.2-2.7 ms Llama fc2 GEMM straddle the drop, so their median moves with it:
-# reports/h200/2026-11-22/clocks_and_cudnn. The report also gives the ratios at the fastest tenth.)
+# (After the idle lead, a series of dense GEMMs holds its clocks for 24-85 ms and then drops them,
+# whichever tool issues them: reports/h200/2026-11-22/clocks_and_cudnn. 50 calls of a 2.2-2.7 ms Llama
+# fc2 GEMM straddled the drop, and their median moved with it. Both tools now time as many calls as fit
+# 20 ms (--budget-ms, at least 5), so a series ends before the drop. The report also gives the ratios
+# at the fastest tenth.)
 have_torch=0
 if [ "$pytorch" = 1 ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   have_torch=1

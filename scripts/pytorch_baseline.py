@@ -2,7 +2,8 @@
 """pytorch_baseline.py: runs with PyTorch what replay's benchmarks run, under the same names, shapes and
 FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two side by side.
 
-    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--lead-ms 50] [--only REGEX]
+    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--lead-ms 50]
+        [--budget-ms 20] [--only REGEX]
     python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
         [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--data tokens.h5]
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
@@ -59,6 +60,7 @@ ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 
 PEAK_GEMM_SIZE = 8192
 PEAK_COPY_BYTES = 2 << 30  # the copied buffer; the bandwidth counts it read once and written once
+MIN_BUDGET_REPEATS = 5  # the fewest timed calls a time budget leaves a series (replay's kMinBudgetRepeats)
 
 
 def gemm_shape(direction, M, N, K):
@@ -513,6 +515,22 @@ def require_cuda():
     return torch
 
 
+def repeats_within(budget_ms, call_ms, min_repeats, max_repeats):
+    """The timed calls that fit budget_ms at call_ms a call, as replay's bench::repeats_within:
+    floor(budget_ms / call_ms), at least min(min_repeats, max_repeats), at most max_repeats; no budget
+    (budget_ms <= 0), or a call too fast to time, gives max_repeats."""
+    if budget_ms <= 0 or not call_ms > 0:
+        return max_repeats
+    return int(min(max(math.floor(budget_ms / call_ms), min(min_repeats, max_repeats)), max_repeats))
+
+
+def check_budget(warmup, budget_ms):
+    """A time budget needs two or more warm-up calls: the calls after the first give the time a call takes."""
+    if budget_ms > 0 and warmup < 2:
+        raise BaselineError("--budget-ms needs --warmup 2 or more (the calls after the first give the time a "
+                            "call takes); --budget-ms 0 times --repeats calls")
+
+
 class Timer:
     """Warm-up calls, then `repeats` calls each between its own pair of CUDA events on the current stream;
     returns the per-call times in ms.
@@ -522,11 +540,17 @@ class Timer:
     it. The sleep is sized from the host time of the warm-up calls after the first (which builds plans),
     and lasts at least lead_ms: replay-ops --lead-ms idles the GPU for the same time before each series,
     so that both tools' timed calls start from the same clocks (a GPU fresh from dense GEMMs sits at its
-    power limit)."""
+    power limit).
 
-    def __init__(self, warmup, repeats, lead_ms=0.0):
+    budget_ms > 0 cuts the timed calls to those that fit the budget at the median time of the warm-up
+    calls after the first (each between events; needs warmup >= 2), as replay-ops --budget-ms does: a
+    series of dense GEMMs holds its clocks for 24-85 ms after the lead and then drops them, so a series
+    that ends first is timed at one clock level. time(fn, budget=False) ignores it (the peaks)."""
+
+    def __init__(self, warmup, repeats, lead_ms=0.0, budget_ms=0.0):
         import torch
-        self.warmup, self.repeats, self.lead_ms = warmup, repeats, lead_ms
+        check_budget(warmup, budget_ms)
+        self.warmup, self.repeats, self.lead_ms, self.budget_ms = warmup, repeats, lead_ms, budget_ms
         self.cycles_per_ms = None
         if hasattr(torch.cuda, "_sleep"):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -538,21 +562,35 @@ class Timer:
             end.synchronize()
             self.cycles_per_ms = cycles / start.elapsed_time(end)
 
-    def time(self, fn):
+    def time(self, fn, budget=True):
         import torch
         torch.cuda.synchronize()
+        budgeted = budget and self.budget_ms > 0
         host_ms_per_call = 0.0
+        warm = []
         if self.warmup:
             fn()
             t0 = time.perf_counter()
-            for _ in range(self.warmup - 1):
-                fn()
+            if budgeted:
+                warm = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        for _ in range(self.warmup - 1)]
+                for start, end in warm:
+                    start.record()
+                    fn()
+                    end.record()
+            else:
+                for _ in range(self.warmup - 1):
+                    fn()
             host_ms_per_call = (time.perf_counter() - t0) * 1e3 / max(self.warmup - 1, 1)
         torch.cuda.synchronize()
+        repeats = self.repeats
+        if budgeted:
+            call_ms = percentile([start.elapsed_time(end) for start, end in warm], 50)
+            repeats = repeats_within(self.budget_ms, call_ms, MIN_BUDGET_REPEATS, self.repeats)
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(self.repeats)]
+                  for _ in range(repeats)]
         if self.cycles_per_ms:
-            lead_ms = max(self.lead_ms, min(1.0 + 1.25 * host_ms_per_call * self.repeats, 2000.0))
+            lead_ms = max(self.lead_ms, min(1.0 + 1.25 * host_ms_per_call * repeats, 2000.0))
             torch.cuda._sleep(int(lead_ms * self.cycles_per_ms))
         elif self.lead_ms:
             time.sleep(self.lead_ms / 1e3)  # the GPU is drained: it idles
@@ -639,7 +677,7 @@ def measure_gemm_peak(timer):
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     bt = torch.randn(n, n, dtype=torch.bfloat16, device="cuda").t()
     c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
-    ms = percentile(timer.time(lambda: torch.matmul(a, bt, out=c)), 50)
+    ms = percentile(timer.time(lambda: torch.matmul(a, bt, out=c), budget=False), 50)
     return 2.0 * n ** 3 / (ms * 1e-3) / 1e12
 
 
@@ -648,7 +686,7 @@ def measure_copy_peak(timer):
     import torch
     src = torch.randn(PEAK_COPY_BYTES // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    ms = percentile(timer.time(lambda: dst.copy_(src)), 50)
+    ms = percentile(timer.time(lambda: dst.copy_(src), budget=False), 50)
     return 2.0 * PEAK_COPY_BYTES / (ms * 1e-3) / 1e9
 
 
@@ -741,6 +779,7 @@ def time_attention(timer, shape, direction, backend):
 
 
 def cmd_ops(args):
+    check_budget(args.warmup, args.budget_ms)
     only = re.compile(args.only) if args.only else None
     specs = op_specs(only)
     if not specs:
@@ -752,9 +791,10 @@ def cmd_ops(args):
     torch.manual_seed(0)
     env, settings = environment(), torch_settings()
     progress(f"pytorch_baseline ops: torch {env['torch']}, {env['gpu']}, CUDA {env['cuda_runtime']}, "
-             f"cuDNN {env['cudnn']}; warmup {args.warmup}, repeats {args.repeats}, {len(specs)} ops")
+             f"cuDNN {env['cudnn']}; warmup {args.warmup}, repeats {args.repeats} (budget {args.budget_ms} ms), "
+             f"{len(specs)} ops")
     progress("settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
-    timer = Timer(args.warmup, args.repeats, args.lead_ms)
+    timer = Timer(args.warmup, args.repeats, args.lead_ms, args.budget_ms)
     peaks = measure_peaks(timer)
     progress(f"peaks: bf16 GEMM {peaks['bf16_gemm_tflops']:.1f} TFLOP/s, copy {peaks['copy_gbps']:.1f} GB/s")
 
@@ -793,6 +833,7 @@ def cmd_ops(args):
         "environment": env,
         "settings": settings,
         "protocol": {"warmup": args.warmup, "repeats": args.repeats, "lead_ms": args.lead_ms,
+                     "budget_ms": args.budget_ms, "min_repeats": min(MIN_BUDGET_REPEATS, args.repeats),
                      "timer": "cuda events around each repeat",
                      "host_lead": timer.cycles_per_ms is not None,
                      "percentiles": "linear interpolation between closest ranks"},
@@ -1106,6 +1147,18 @@ def _int_at_least(lowest):
     return parse
 
 
+def _float_in(lowest, highest):
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not lowest <= v <= highest:
+            raise argparse.ArgumentTypeError(f"must be in [{lowest:g}, {highest:g}], got {text}")
+        return v
+    return parse
+
+
 def _regex(text):
     try:
         re.compile(text)
@@ -1125,6 +1178,10 @@ def build_parser():
     ops.add_argument("--only", type=_regex, default=None, help="time only the ops whose name matches")
     ops.add_argument("--lead-ms", type=float, default=50.0,
                      help="GPU idle before each op's timed calls, at least (default 50, as replay-ops)")
+    ops.add_argument("--budget-ms", type=_float_in(0.0, 10000.0), default=20.0,
+                     help="device time of each op's timed calls: --repeats calls or as many as fit this budget "
+                          "at the warm-up's time a call, whichever is fewer, at least 5; 0 for always --repeats "
+                          "(default 20, as replay-ops)")
     ops.set_defaults(func=cmd_ops)
 
     helps = {"gpt3": ("train the GPT-3 175B shard replay-gpt3 trains", "7 for 175b-tp4, 15 for 175b-tp8"),

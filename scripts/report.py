@@ -386,7 +386,9 @@ def section_ops_table(rows):
     return ["## GEMMs and attention: replay against PyTorch", "",
             "Medians (judged) and, under \"at p10\", the same ratio for the fastest tenth of each tool's calls. "
             "Near the power limit a series of calls can run partly at one clock level and partly at another; "
-            "the median then moves with the point where the clocks drop, the fastest calls much less.", ""] \
+            "the median then moves with the point where the clocks drop, the fastest calls much less. Each tool "
+            "times as many calls as fit its protocol's budget_ms (see Environment), so that a series ends "
+            "before the drop.", ""] \
         + table(header, out) + [""]
 
 

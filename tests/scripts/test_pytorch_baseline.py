@@ -120,6 +120,18 @@ class Statistics(unittest.TestCase):
         with self.assertRaises(ValueError):
             pb.percentile([], 50)
 
+    def test_repeats_within_a_budget(self):
+        # floor(budget / call), at least min(5, repeats), at most repeats: replay's bench::repeats_within
+        self.assertEqual(pb.repeats_within(25.0, 2.25, 5, 50), 11)
+        self.assertEqual(pb.repeats_within(25.0, 5.1, 5, 50), 5)     # 4.9 calls: the floor of 5
+        self.assertEqual(pb.repeats_within(25.0, 50.0, 5, 50), 5)
+        self.assertEqual(pb.repeats_within(25.0, 0.02, 5, 50), 50)   # 1250 fit: --repeats
+        self.assertEqual(pb.repeats_within(25.0, 10.0, 5, 3), 3)     # fewer repeats than the floor
+        self.assertEqual(pb.repeats_within(0.0, 2.25, 5, 50), 50)    # no budget
+        self.assertEqual(pb.repeats_within(25.0, 0.0, 5, 50), 50)    # too fast to time
+        self.assertEqual(pb.repeats_within(25.0, float("nan"), 5, 50), 50)
+        self.assertEqual(pb.MIN_BUDGET_REPEATS, 5)
+
     def test_result_entry(self):
         spec = next(s for s in pb.op_specs() if s["name"] == "gpt3_175b_tp4.qkv.fwd")
         r = pb.make_result(spec, [1.0, 1.25, 1.0], peak_tflops=800.0)
@@ -528,6 +540,19 @@ class CommandLine(unittest.TestCase):
     def test_repeats_must_be_positive(self):
         p = run_cli("ops", "--json", os.devnull, "--repeats", "0")
         self.assertEqual(p.returncode, 2)
+
+    def test_budget_range_and_warmup(self):
+        p = run_cli("ops", "--json", os.devnull, "--budget-ms", "-1")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--budget-ms: must be in [0, 10000], got -1", p.stderr)
+        p = run_cli("ops", "--json", os.devnull, "--warmup", "1")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--budget-ms needs --warmup 2 or more", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        # --budget-ms 0 lifts the need: the run goes on to the next check
+        p = run_cli("ops", "--json", os.devnull, "--warmup", "1", "--budget-ms", "0", "--only", "no_such_op")
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("matches no op", p.stderr)
 
     @unittest.skipIf(TORCH_PRESENT, "torch is installed here (the no-torch path cannot be exercised)")
     def test_no_torch_is_a_clear_error(self):

@@ -479,6 +479,13 @@ int run(int argc, char** argv) {
                  "idle time before each op's timed calls, so every series starts from the same clocks "
                  "(pytorch_baseline.py ops takes the same flag)")
       ->check(CLI::Range(0.0, 10000.0));
+  double budget_ms = 20;
+  app.add_option("--budget-ms", budget_ms,
+                 "device time of each op's timed calls: --repeats calls or as many as fit this budget at the "
+                 "warm-up's time a call, whichever is fewer, at least 5; 0 for always --repeats. A series that "
+                 "ends before the clocks drop is timed at one clock level (pytorch_baseline.py ops takes the same "
+                 "flag)")
+      ->check(CLI::Range(0.0, 10000.0));
   bool autotune = false;
   int candidates = 8;
   app.add_option("--gemm-candidates", candidates, "heuristic candidates --gemm-autotune times")
@@ -499,6 +506,9 @@ int run(int argc, char** argv) {
                  "QKV and fc1 bias gradients")
       ->transform(CLI::CheckedTransformer(wgrad_forms, CLI::ignore_case));
   CLI11_PARSE(app, argc, argv);
+  if (budget_ms > 0 && warmup < 2)
+    throw bench::UsageError("--budget-ms needs --warmup 2 or more (the calls after the first give the time a "
+                            "call takes); --budget-ms 0 times --repeats calls");
   std::regex filter(only.empty() ? ".*" : only);
 
   Context ctx(device);
@@ -539,7 +549,7 @@ int run(int argc, char** argv) {
   json results = json::array();
   for (OpCase& c : cases) {
     c.prepare(ctx, arena);
-    const std::vector<double> samples = bench::time_repeats(ctx.stream(), warmup, repeats, c.run, lead_ms);
+    const std::vector<double> samples = bench::time_repeats(ctx.stream(), warmup, repeats, c.run, lead_ms, budget_ms);
     const bench::Stats st = bench::summarize(samples);
     const double tflops = c.flops > 0 ? c.flops / (st.median * 1e-3) / 1e12 : 0;
     const double gbps = c.bytes > 0 ? c.bytes / (st.median * 1e-3) / 1e9 : 0;
@@ -568,7 +578,8 @@ int run(int argc, char** argv) {
     out["tool"] = "replay-ops";
     out["version"] = version();
     out["environment"] = bench::to_json(env);
-    out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"lead_ms", lead_ms},
+    out["protocol"] = {{"warmup", warmup}, {"repeats", repeats}, {"lead_ms", lead_ms}, {"budget_ms", budget_ms},
+                       {"min_repeats", std::min(bench::kMinBudgetRepeats, repeats)},
                        {"timer", "cuda events around each repeat"},
                        {"stream_timer", "memory-bound kernels: cuda events around each replay of a graph of " +
                                             std::to_string(kStreamCalls) + "+ back-to-back calls over rotating buffer sets"},
