@@ -67,7 +67,7 @@ failures=()
 
 # GEMMs near the power limit run a few percent faster or slower from one minute to the next, so the two
 # tools take turns (replay, PyTorch, three times each) and each op keeps its best median of the three.
-# (After the idle lead, a series of dense GEMMs holds its clocks for 24-85 ms and then drops them,
+# (After the idle lead, a series of dense GEMMs holds its clocks for some 25-85 ms and then drops them,
 # whichever tool issues them: reports/h200/2026-11-22/clocks_and_cudnn. 50 calls of a 2.2-2.7 ms Llama
 # fc2 GEMM straddled the drop, and their median moved with it. Both tools now time as many calls as fit
 # 20 ms (--budget-ms, at least 5), so a series ends before the drop. The report also gives the ratios

@@ -544,7 +544,7 @@ class Timer:
 
     budget_ms > 0 cuts the timed calls to those that fit the budget at the median time of the warm-up
     calls after the first (each between events; needs warmup >= 2), as replay-ops --budget-ms does: a
-    series of dense GEMMs holds its clocks for 24-85 ms after the lead and then drops them, so a series
+    series of dense GEMMs holds its clocks for some 25-85 ms after the lead and then drops them, so a series
     that ends first is timed at one clock level. time(fn, budget=False) ignores it (the peaks)."""
 
     def __init__(self, warmup, repeats, lead_ms=0.0, budget_ms=0.0):

@@ -37,7 +37,7 @@ constexpr int kMinBudgetRepeats = 5;
 //
 // budget_ms > 0: the timed calls are cut to those that fit the budget (repeats_within, at the
 // median time of the warm-up calls after the first, each of which runs between events too; needs
-// warmup >= 2). After the lead, a series of dense GEMMs holds its clocks for 24-85 ms and then
+// warmup >= 2). After the lead, a series of dense GEMMs holds its clocks for some 25-85 ms and then
 // drops them in one or two steps (reports/h200/2026-11-22/clocks_and_cudnn); a series that ends
 // before the drop is timed at one clock level, whichever tool issues it, where a fixed count of
 // calls straddles the drop for some ops and not others.
