@@ -370,6 +370,12 @@ def _result(row):
     return row["status"] + (f": {row['note']}" if row["note"] else "")
 
 
+def _calls(e):
+    """How many calls an entry timed (the length of its samples_ms), or a dash where it does not say."""
+    samples = e.get("samples_ms") if e else None
+    return str(len(samples)) if isinstance(samples, list) else "—"
+
+
 def section_ops_table(rows):
     out = []
     for r in rows:
@@ -380,15 +386,16 @@ def section_ops_table(rows):
             pt_ms += f" ({b['backend']})"
         rep_tf = fmt(_tflops(a), ".1f")
         out.append([f"`{r['name']}`", r["kind"], fmt_shape(r["shape"]), rep_ms, pt_ms, rep_tf,
-                    fmt(r["ratio"], ".3f"), fmt(r["p10_ratio"], ".3f"), fmt(r["target"], ".2f"), _result(r)])
+                    fmt(r["ratio"], ".3f"), fmt(r["p10_ratio"], ".3f"), f"{_calls(a)} / {_calls(b)}",
+                    fmt(r["target"], ".2f"), _result(r)])
     header = ["op", "kind", "shape", "replay ms", "pytorch ms", "replay TFLOP/s", "replay/pytorch", "at p10",
-              "target", "result"]
+              "calls", "target", "result"]
     return ["## GEMMs and attention: replay against PyTorch", "",
             "Medians (judged) and, under \"at p10\", the same ratio for the fastest tenth of each tool's calls. "
             "Near the power limit a series of calls can run partly at one clock level and partly at another; "
             "the median then moves with the point where the clocks drop, the fastest calls much less. Each tool "
             "times as many calls as fit its protocol's budget_ms (see Environment), so that a series ends "
-            "before the drop.", ""] \
+            "before the drop; \"calls\" gives how many each timed (replay / PyTorch).", ""] \
         + table(header, out) + [""]
 
 

@@ -247,9 +247,18 @@ class OpsComparison(TempDirCase):
         self.assertEqual(cells[5], "1000.0")  # 1e12 flops in 1 ms
         self.assertEqual(cells[6], "0.940")
         self.assertEqual(cells[7], "0.940")  # p10 ratio: the fixture's p10 is its median
-        self.assertEqual(cells[8], "0.95")
-        self.assertEqual(cells[9], "FAIL")
+        self.assertEqual(cells[8], "— / —")  # the fixture has no samples_ms
+        self.assertEqual(cells[9], "0.95")
+        self.assertEqual(cells[10], "FAIL")
         self.assertIn("(CUDNN_ATTENTION)", table_row(md, "`s.attention.fwd_bwd`")[4])
+
+    def test_calls_are_the_samples_each_tool_timed(self):
+        replay, pytorch = replay_doc(), pytorch_doc()
+        next(e for e in replay["results"] if e["name"] == "s.qkv.dgrad")["samples_ms"] = [1.0] * 9
+        next(e for e in pytorch["results"] if e["name"] == "s.qkv.dgrad")["samples_ms"] = [0.94] * 8
+        md, _, _, _ = self.run_ops(replay, pytorch)
+        self.assertEqual(table_row(md, "`s.qkv.dgrad`")[8], "9 / 8")
+        self.assertEqual(table_row(md, "`s.only_replay.fwd`")[8], "— / —")  # no PyTorch entry
 
     def test_fastest_tenth_is_shown_and_named_when_only_the_median_fails(self):
         replay, pytorch = replay_doc(), pytorch_doc()
