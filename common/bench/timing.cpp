@@ -31,11 +31,11 @@ Stats summarize(std::vector<double> s) {
 
 int repeats_within(double budget_ms, double call_ms, int min_repeats, int max_repeats) {
   REPLAY_REQUIRE(max_repeats > 0 && min_repeats >= 0, "repeats must be positive");
-  if (budget_ms <= 0) return max_repeats;
-  const int floor_repeats = std::min(min_repeats, max_repeats);
-  if (!(call_ms > 0)) return max_repeats;  // too fast to time: the count is not the limit
+  // No budget, or a call too fast to time: the count is not the limit.
+  if (budget_ms <= 0 || !(call_ms > 0)) return max_repeats;
   const double fit = std::floor(budget_ms / call_ms);
-  return static_cast<int>(std::clamp(fit, double(floor_repeats), double(max_repeats)));
+  return static_cast<int>(
+      std::clamp(fit, double(std::min(min_repeats, max_repeats)), double(max_repeats)));
 }
 
 namespace {
