@@ -57,6 +57,11 @@ ATTENTION_DIRECTIONS = ("fwd", "fwd_bwd")
 # SDPA backends timed explicitly for the forward+backward, besides the default selection: name suffix
 # -> torch.nn.attention.SDPBackend member.
 ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+# The forward+backward also runs under torch.use_deterministic_algorithms(True), the default selection
+# choosing (name suffix @deterministic): what PyTorch offers where runs must be bit-reproducible, as
+# replay's workloads are. torch 2.11 then refuses cuDNN's attention ("cuDNN SDPA is not deterministic")
+# and runs FlashAttention-2 with its deterministic backward.
+ATTENTION_DETERMINISTIC = "deterministic"
 
 PEAK_GEMM_SIZE = 8192
 PEAK_COPY_BYTES = 2 << 30  # the copied buffer; the bandwidth counts it read once and written once
@@ -103,7 +108,8 @@ def op_specs(only=None):
                               "layer": layer, "direction": direction, "dims": (M, N, K), "shape": shape,
                               "flops": gemm_flops(shape), "backend": None})
         shape = dict(cfg["attention"])
-        variants = [(d, None) for d in ATTENTION_DIRECTIONS] + [("fwd_bwd", b) for b in ATTENTION_BACKENDS]
+        variants = [(d, None) for d in ATTENTION_DIRECTIONS] + [("fwd_bwd", b) for b in ATTENTION_BACKENDS] \
+            + [("fwd_bwd", ATTENTION_DETERMINISTIC)]
         for direction, backend in variants:
             name = f"{shard}.attention.{direction}" + (f"@{backend}" if backend else "")
             specs.append({"name": name, "kind": "attention", "shard": shard, "layer": "attention",
@@ -736,8 +742,9 @@ def time_attention(timer, shape, direction, backend):
     q, k, v laid out as a transformer feeds them: views [B, H, S, D] into one token-major QKV tensor
     [B, S, Hq + 2 Hkv, D], what the QKV linear layer produces (and what replay-ops gives cuDNN). A
     contiguous [B, H, S, D] copy would cost PyTorch a transpose kernel per tensor that this timing would
-    not count. backend None is the default selection; otherwise the ATTENTION_BACKENDS key forced through
-    sdpa_kernel. Returns (times_ms or None, backend name, note)."""
+    not count. backend None is the default selection; ATTENTION_DETERMINISTIC the default selection under
+    torch.use_deterministic_algorithms(True) (restored after); otherwise the ATTENTION_BACKENDS key forced
+    through sdpa_kernel. Returns (times_ms or None, backend name, note)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -765,6 +772,24 @@ def time_attention(timer, shape, direction, backend):
     fn = fwd if direction == "fwd" else fwd_bwd
     if backend is None:
         return timer.time(fn), _backend_name(q, k, v, gqa) or "default", None
+    if backend == ATTENTION_DETERMINISTIC:
+        # Deterministic mode also fills every new uninitialized tensor (outputs, gradients) with NaN by
+        # default: kernels that are not the attention's, so they are switched off for the timing.
+        det_utils = getattr(torch.utils, "deterministic", None)
+        was = torch.are_deterministic_algorithms_enabled()
+        was_fill = getattr(det_utils, "fill_uninitialized_memory", None)
+        torch.use_deterministic_algorithms(True)
+        if was_fill is not None:
+            det_utils.fill_uninitialized_memory = False
+        try:
+            return timer.time(fn), _backend_name(q, k, v, gqa) or "default", None
+        except RuntimeError as e:
+            torch.cuda.synchronize()
+            return None, "default", f"refused under deterministic algorithms: {str(e).splitlines()[0]}"
+        finally:
+            torch.use_deterministic_algorithms(was)
+            if was_fill is not None:
+                det_utils.fill_uninitialized_memory = was_fill
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -28,12 +28,20 @@ import sys
 
 # Targets: replay's throughput as a fraction of the basis.
 GEMM_TARGET = 0.95          # of PyTorch (torch.matmul), every GEMM direction
-ATTENTION_TARGET = 0.97     # of PyTorch's default SDPA selection, forward+backward
+ATTENTION_TARGET = 0.97     # of PyTorch's SDPA forward+backward with the same determinism (below)
 KERNEL_TARGET = 0.80        # of replay's own measured copy bandwidth, memory-bound kernels
 
 PASS, FAIL, MISSING, MISMATCH, INFO = "pass", "FAIL", "missing", "mismatch", "—"
 
 SHAPE_ABBREV = {"batch": "b", "q_heads": "hq", "kv_heads": "hkv", "seq": "s", "head_dim": "d"}
+
+# The attention forward+backward is judged like for like. replay's workloads run cuDNN's deterministic
+# backward (bit-reproducible runs): it is judged against PyTorch's `@deterministic` variant, the default
+# SDPA selection under torch.use_deterministic_algorithms(True). replay-ops --attention-nondeterministic
+# (cuDNN's non-deterministic backward) is judged against PyTorch's default, which is non-deterministic,
+# in a row of its own named NONDETERMINISTIC_ROW.format(name).
+DETERMINISTIC_VARIANT = "deterministic"
+NONDETERMINISTIC_ROW = "{} (non-deterministic)"
 
 
 class ReportError(Exception):
@@ -176,7 +184,7 @@ def target_for(kind, name):
     """The ratio replay must reach for this op, or None where there is no target."""
     if kind == "gemm":
         return GEMM_TARGET
-    if kind == "attention" and name.endswith(".fwd_bwd"):
+    if kind == "attention" and name.partition(" ")[0].endswith(".fwd_bwd"):
         return ATTENTION_TARGET
     if kind == "kernel":
         return KERNEL_TARGET
@@ -211,32 +219,50 @@ def _why_unmeasured(tool, entry):
     return f"{tool} did not measure it" + (f" ({entry['note']})" if entry.get("note") else "")
 
 
-def compare_ops(replay, pytorch):
+def _op_row(name, kind, a, b, basis=None):
+    """One compared row: replay entry a against PyTorch entry b (either may be None). basis names what
+    PyTorch ran for an attention forward+backward ("deterministic" or "default"), None otherwise."""
+    row = {"name": name, "kind": kind, "shape": (a or b)["shape"], "replay": a, "pytorch": b, "basis": basis,
+           "ratio": None, "p10_ratio": None, "target": target_for(kind, name), "status": MISSING, "note": None}
+    if a is not None and b is not None and _disagreement(a, b):
+        row.update(status=MISMATCH, note=_disagreement(a, b))
+    elif not _measured(a) or not _measured(b):
+        row["note"] = "; ".join(_why_unmeasured(tool, e) for tool, e in (("replay", a), ("pytorch", b))
+                                if not _measured(e))
+    else:
+        row["ratio"] = b["median_ms"] / a["median_ms"]
+        row["status"] = _judge(row["ratio"], row["target"])
+        if _is_number(a.get("p10_ms")) and _is_number(b.get("p10_ms")) and a["p10_ms"] > 0:
+            row["p10_ratio"] = b["p10_ms"] / a["p10_ms"]
+    return row
+
+
+def compare_ops(replay, pytorch, nondet=None):
     """One row per GEMM or attention name (explicit-backend variants excluded), in replay's order then
     PyTorch's extras. ratio = replay throughput / PyTorch throughput = pytorch median / replay median, the
-    one judged; p10_ratio is the same for the fastest tenth of the calls (pytorch p10 / replay p10)."""
+    one judged; p10_ratio is the same for the fastest tenth of the calls (pytorch p10 / replay p10).
+
+    An attention forward+backward is judged against PyTorch with the same determinism: replay's entry
+    (deterministic) against PyTorch's `@deterministic` variant where the PyTorch JSON has one, else against
+    its default selection (JSON from before that variant). nondet, replay-ops --attention-nondeterministic's
+    JSON, adds under each such row one named NONDETERMINISTIC_ROW, against PyTorch's default."""
     rep = {r["name"]: r for r in replay["results"]}
     pt = {r["name"]: r for r in pytorch["results"]}
+    nd = {r["name"]: r for r in (nondet or {"results": []})["results"]}
     rows = []
     for name in _ordered_names(replay["results"], pytorch["results"]):
         a, b = rep.get(name), pt.get(name)
         kind = (a or b)["kind"]
         if kind == "kernel" or split_variant(name)[1] is not None:
             continue
-        row = {"name": name, "kind": kind, "shape": (a or b)["shape"], "replay": a, "pytorch": b,
-               "ratio": None, "p10_ratio": None, "target": target_for(kind, name), "status": MISSING,
-               "note": None}
-        if a is not None and b is not None and _disagreement(a, b):
-            row.update(status=MISMATCH, note=_disagreement(a, b))
-        elif not _measured(a) or not _measured(b):
-            row["note"] = "; ".join(_why_unmeasured(tool, e) for tool, e in (("replay", a), ("pytorch", b))
-                                    if not _measured(e))
-        else:
-            row["ratio"] = b["median_ms"] / a["median_ms"]
-            row["status"] = _judge(row["ratio"], row["target"])
-            if _is_number(a.get("p10_ms")) and _is_number(b.get("p10_ms")) and a["p10_ms"] > 0:
-                row["p10_ratio"] = b["p10_ms"] / a["p10_ms"]
-        rows.append(row)
+        if not (kind == "attention" and name.endswith(".fwd_bwd")):
+            rows.append(_op_row(name, kind, a, b))
+            continue
+        det = pt.get(f"{name}@{DETERMINISTIC_VARIANT}")
+        rows.append(_op_row(name, kind, a, det, DETERMINISTIC_VARIANT) if det is not None
+                    else _op_row(name, kind, a, b, "default"))
+        if name in nd:
+            rows.append(_op_row(NONDETERMINISTIC_ROW.format(name), kind, nd[name], b, "default"))
     return rows
 
 
@@ -353,8 +379,10 @@ def section_verdict(rows, krows):
     if unjudged:
         lines.append("Not judged (missing or mismatched): " + ", ".join(f"`{n}`" for n in unjudged) + ".")
     lines.append(f"Targets: GEMMs >= {GEMM_TARGET:.2f} of PyTorch; attention forward+backward >= "
-                 f"{ATTENTION_TARGET:.2f} of PyTorch's default backend; memory-bound kernels >= "
-                 f"{KERNEL_TARGET:.2f} "
+                 f"{ATTENTION_TARGET:.2f} of PyTorch's with the same determinism (replay's deterministic "
+                 "backward, which the workloads run, against PyTorch under torch.use_deterministic_algorithms; "
+                 "replay's non-deterministic one against PyTorch's default, which is non-deterministic); "
+                 f"memory-bound kernels >= {KERNEL_TARGET:.2f} "
                  "of replay's copy bandwidth. Ratios are replay throughput over PyTorch's (PyTorch median / "
                  "replay median); the verdict is on medians.")
     return lines + [""]
@@ -382,8 +410,8 @@ def section_ops_table(rows):
         a, b = r["replay"], r["pytorch"]
         rep_ms = fmt(a["median_ms"]) if a else MISSING
         pt_ms = fmt(b["median_ms"]) if b else MISSING
-        if b is not None and b.get("backend"):
-            pt_ms += f" ({b['backend']})"
+        if b is not None and (b.get("backend") or r.get("basis")):
+            pt_ms += " (" + ", ".join(x for x in (b.get("backend"), r.get("basis")) if x) + ")"
         rep_tf = fmt(_tflops(a), ".1f")
         out.append([f"`{r['name']}`", r["kind"], fmt_shape(r["shape"]), rep_ms, pt_ms, rep_tf,
                     fmt(r["ratio"], ".3f"), fmt(r["p10_ratio"], ".3f"), f"{_calls(a)} / {_calls(b)}",
@@ -645,38 +673,55 @@ NO_PYTORCH = {"tool": "pytorch", "version": None, "environment": {},
 
 
 def section_determinism(replay, nondet, pytorch):
-    """Attention forward+backward with replay's deterministic backward (what the workloads run and the
-    target judges) next to replay with cuDNN's non-deterministic one (PyTorch's default algorithm)."""
+    """Attention forward+backward in both tools with and without determinism, side by side: what a
+    deterministic backward costs each, and replay's deterministic one against PyTorch's default."""
     det = {r["name"]: r for r in replay["results"]}
+    nd = {r["name"]: r for r in (nondet or {"results": []})["results"]}
     pt = {r["name"]: r for r in pytorch["results"]}
+    names = [r["name"] for r in replay["results"]
+             if r.get("kind") == "attention" and r["name"].endswith(".fwd_bwd")]
+
+    def ratio(a, b):
+        return fmt(b["median_ms"] / a["median_ms"], ".3f") if _measured(a) and _measured(b) else "—"
+
+    def ms(e):
+        return fmt(e.get("median_ms")) if e else MISSING
+
     out = []
-    for r in nondet["results"]:
-        if r.get("kind") != "attention" or not r["name"].endswith(".fwd_bwd"):
-            continue
-        d, p = det.get(r["name"]), pt.get(r["name"])
-        ratio = (lambda a, b: fmt(b["median_ms"] / a["median_ms"], ".3f") if _measured(a) and _measured(b) else "—")
-        out.append([f"`{r['name']}`", fmt(d and d.get("median_ms")), fmt(r.get("median_ms")),
-                    fmt(p and p.get("median_ms")), ratio(d, p), ratio(r, p)])
-    if not out:
+    for name in names:
+        d, n = det.get(name), nd.get(name)
+        pd, p = pt.get(f"{name}@{DETERMINISTIC_VARIANT}"), pt.get(name)
+        pd_ms = ms(pd) + (f" ({pd['backend']})" if pd and pd.get("backend") else "")
+        p_ms = ms(p) + (f" ({p['backend']})" if p and p.get("backend") else "")
+        out.append([f"`{name}`", ms(d), ms(n), pd_ms, p_ms, ratio(d, pd), ratio(n, p), ratio(d, p)])
+    if not out or (not nd and not any(f"{n}@{DETERMINISTIC_VARIANT}" in pt for n in names)):
         return []
-    header = ["op", "replay deterministic ms", "replay non-deterministic ms", "pytorch default ms",
-              "deterministic/pytorch", "non-deterministic/pytorch"]
-    return (["## What the deterministic attention backward costs", "",
-             "replay's workloads use cuDNN's deterministic backward (bit-reproducible runs); PyTorch's default "
-             "is the non-deterministic one. `replay-ops --attention-nondeterministic` times replay with that "
-             "one too (not used by any workload).", ""] + table(header, out) + [""])
+    header = ["op", "replay deterministic ms", "replay non-deterministic ms", "pytorch deterministic ms",
+              "pytorch default ms", "deterministic / pytorch deterministic",
+              "non-deterministic / pytorch default", "deterministic / pytorch default"]
+    return (["## Attention with and without a deterministic backward", "",
+             "replay's workloads use cuDNN's deterministic backward (bit-reproducible runs); "
+             "`replay-ops --attention-nondeterministic` times cuDNN's non-deterministic one (no workload uses "
+             "it). PyTorch's default is non-deterministic; under torch.use_deterministic_algorithms(True) it "
+             "refuses cuDNN's attention and runs another backend's deterministic backward. The first two "
+             "ratios are the judged pairs; the last sets replay's deterministic backward against PyTorch's "
+             "non-deterministic one.", ""] + table(header, out) + [""])
 
 
 def report_ops(replay_path, pytorch_path, out_dir, nondeterministic_path=None):
     """Writes out_dir/ops_summary.md and out_dir/ops_ratio.png; returns (md path, rows, kernel rows).
     pytorch_path None: the baseline was not run; its columns read missing and no ratio is judged.
-    nondeterministic_path: replay-ops --attention-nondeterministic JSON, shown in its own section."""
+    nondeterministic_path: replay-ops --attention-nondeterministic JSON, judged against PyTorch's default
+    (compare_ops) and shown in the determinism section."""
     replay = validate_ops(load_json(replay_path), replay_path, "replay-ops")
     if pytorch_path is None:
         pytorch = NO_PYTORCH
     else:
         pytorch = validate_ops(load_json(pytorch_path), pytorch_path, "pytorch")
-    rows, krows = compare_ops(replay, pytorch), kernel_rows(replay)
+    nondet = None
+    if nondeterministic_path is not None:
+        nondet = validate_ops(load_json(nondeterministic_path), nondeterministic_path, "replay-ops")
+    rows, krows = compare_ops(replay, pytorch, nondet), kernel_rows(replay)
     variants, brows = backend_rows(replay, pytorch)
     os.makedirs(out_dir, exist_ok=True)
     written = plot_ops_ratio(rows, os.path.join(out_dir, "ops_ratio.png"))
@@ -694,9 +739,7 @@ def report_ops(replay_path, pytorch_path, out_dir, nondeterministic_path=None):
         lines += _plot_line(plot_failed_series(with_series, os.path.join(out_dir, "ops_failed_series.png")),
                             "ops_failed_series.png", "per-call times of the failed ops")
     lines += section_attention_backends(variants, brows)
-    if nondeterministic_path is not None:
-        nondet = validate_ops(load_json(nondeterministic_path), nondeterministic_path, "replay-ops")
-        lines += section_determinism(replay, nondet, pytorch)
+    lines += section_determinism(replay, nondet, pytorch)
     lines += section_kernels(krows, replay["peaks"].get("copy_gbps"))
     lines += section_leftovers(leftover_names(replay, pytorch, rows, krows))
     lines += section_peaks(replay, pytorch)

@@ -93,7 +93,8 @@ class Names(unittest.TestCase):
             expected |= {f"{shard}.{layer}.{d}" for layer in ("qkv", "proj", "fc1", "fc2")
                          for d in ("fwd", "dgrad", "wgrad")}
             expected |= {f"{shard}.attention.fwd", f"{shard}.attention.fwd_bwd",
-                         f"{shard}.attention.fwd_bwd@flash", f"{shard}.attention.fwd_bwd@cudnn"}
+                         f"{shard}.attention.fwd_bwd@flash", f"{shard}.attention.fwd_bwd@cudnn",
+                         f"{shard}.attention.fwd_bwd@deterministic"}
         self.assertEqual(set(names), expected)
 
     def test_backend_variants(self):
@@ -102,6 +103,10 @@ class Names(unittest.TestCase):
         self.assertEqual(specs["gpt3_175b_tp4.attention.fwd_bwd@cudnn"]["backend"], "cudnn")
         self.assertEqual(specs["gpt3_175b_tp4.attention.fwd_bwd@flash"]["flops"],
                          specs["gpt3_175b_tp4.attention.fwd_bwd"]["flops"])
+        det = specs["llama31_405b_tp8.attention.fwd_bwd@deterministic"]
+        self.assertEqual(det["backend"], pb.ATTENTION_DETERMINISTIC)  # the default selection, deterministic
+        self.assertEqual(det["direction"], "fwd_bwd")
+        self.assertNotIn(pb.ATTENTION_DETERMINISTIC, pb.ATTENTION_BACKENDS)  # no backend is forced
 
     def test_only_filter(self):
         names = [s["name"] for s in pb.op_specs(re.compile(r"llama.*\.fc2\."))]

@@ -45,8 +45,8 @@ def replay_doc():
         entry("s.qkv.dgrad", "gemm", 1.0),        # pytorch 0.94 -> 0.94 fail
         entry("s.qkv.wgrad", "gemm", 2.0),        # pytorch 1.90 -> exactly 0.95 pass
         entry("s.attention.fwd", "attention", 1.0),      # no target
-        entry("s.attention.fwd_bwd", "attention", 1.0),  # pytorch 0.98 -> pass
-        entry("t.attention.fwd_bwd", "attention", 1.0),  # pytorch 0.96 -> fail
+        entry("s.attention.fwd_bwd", "attention", 1.0),  # pytorch deterministic 2.5 -> 2.5 pass
+        entry("t.attention.fwd_bwd", "attention", 1.0),  # no deterministic entry: default 0.96 -> fail
         entry("s.only_replay.fwd", "gemm", 1.0),
         entry("s.shape.fwd", "gemm", 1.0, shape={"m": 1, "n": 2, "k": 3}),
         entry("s.layernorm.fwd", "kernel", 1.0, shape={"rows": 2048, "cols": 12288}, nbytes=2.55e9),
@@ -63,6 +63,7 @@ def pytorch_doc():
         entry("s.attention.fwd_bwd", "attention", 0.98, backend="CUDNN_ATTENTION"),
         entry("s.attention.fwd_bwd@flash", "attention", 1.25, backend="FLASH_ATTENTION"),
         entry("s.attention.fwd_bwd@cudnn", "attention", 0.98, backend="CUDNN_ATTENTION"),
+        entry("s.attention.fwd_bwd@deterministic", "attention", 2.5, backend="FLASH_ATTENTION"),
         entry("t.attention.fwd_bwd", "attention", 0.96),
         entry("t.attention.fwd_bwd@cudnn", "attention", None, note="CUDNN_ATTENTION refused: no GQA"),
         entry("s.only_pytorch.fwd", "gemm", 1.0),
@@ -169,6 +170,50 @@ class OpsComparison(TempDirCase):
         self.assertEqual(rows["s.attention.fwd"]["status"], report.INFO)
         self.assertIsNone(rows["s.attention.fwd"]["target"])
 
+    def test_attention_judged_against_pytorch_with_the_same_determinism(self):
+        _, rows, _, _ = self.run_ops()
+        s, t = rows["s.attention.fwd_bwd"], rows["t.attention.fwd_bwd"]
+        self.assertEqual(s["basis"], "deterministic")  # replay's deterministic backward vs @deterministic
+        self.assertAlmostEqual(s["ratio"], 2.5)
+        self.assertEqual(s["pytorch"]["name"], "s.attention.fwd_bwd@deterministic")
+        self.assertEqual(t["basis"], "default")  # no @deterministic entry: against the default, as before
+        self.assertAlmostEqual(t["ratio"], 0.96)
+        self.assertIsNone(rows["s.qkv.fwd"]["basis"])
+
+    def test_refused_deterministic_variant_is_missing_not_the_default(self):
+        p = pytorch_doc()
+        for e in p["results"]:
+            if e["name"] == "s.attention.fwd_bwd@deterministic":
+                e.update(median_ms=None, p10_ms=None, p90_ms=None, note="refused under deterministic algorithms")
+        _, rows, _, _ = self.run_ops(pytorch=p)
+        s = rows["s.attention.fwd_bwd"]
+        self.assertEqual(s["status"], report.MISSING)
+        self.assertIn("refused under deterministic algorithms", s["note"])
+
+    def test_nondeterministic_rows_are_judged_against_the_default(self):
+        nondet = ops_doc("replay-ops", [entry("s.attention.fwd_bwd", "attention", 0.8),
+                                        entry("t.attention.fwd_bwd", "attention", 1.0)])
+        rp = self.write("replay.json", replay_doc())
+        pp = self.write("pytorch.json", pytorch_doc())
+        np_ = self.write("nondet.json", nondet)
+        md, rows, _ = report.report_ops(rp, pp, os.path.join(self.dir, "out"), np_)
+        names = [r["name"] for r in rows]
+        i = names.index("s.attention.fwd_bwd")
+        self.assertEqual(names[i + 1], "s.attention.fwd_bwd (non-deterministic)")  # under its deterministic row
+        nd = rows[i + 1]
+        self.assertEqual(nd["basis"], "default")
+        self.assertAlmostEqual(nd["ratio"], 0.98 / 0.8)
+        self.assertEqual(nd["status"], report.PASS)
+        self.assertEqual(nd["target"], report.ATTENTION_TARGET)
+        t = next(r for r in rows if r["name"] == "t.attention.fwd_bwd (non-deterministic)")
+        self.assertEqual(t["status"], report.FAIL)  # 0.96 / 1.0
+        with open(md) as f:
+            text = f.read()
+        self.assertIn("5 of 12 targets met (4 failed, 3 not judged).", text)
+        self.assertIn("`t.attention.fwd_bwd (non-deterministic)`", text[text.index("Failed:"):])
+        cells = table_row(text, "`s.attention.fwd_bwd (non-deterministic)`")
+        self.assertEqual(cells[3:5], ["0.8", "0.98 (CUDNN_ATTENTION, default)"])
+
     def test_backend_variants_are_not_main_rows(self):
         _, rows, _, _ = self.run_ops()
         self.assertFalse(any("@" in name for name in rows))
@@ -217,9 +262,20 @@ class OpsComparison(TempDirCase):
         md, _, _ = report.report_ops(rp, pp, os.path.join(self.dir, "out"), np_)
         with open(md) as f:
             text = f.read()
-        self.assertIn("What the deterministic attention backward costs", text)
-        cells = table_row(text.split("What the deterministic")[1], "`s.attention.fwd_bwd`")
-        self.assertEqual(cells[1:6], ["1", "0.8", "0.98", "0.980", "1.225"])
+        section = text.split("## Attention with and without a deterministic backward")[1]
+        # op, replay det, replay non-det, pytorch det, pytorch default, det/pt det, non-det/pt default,
+        # det/pt default
+        cells = table_row(section, "`s.attention.fwd_bwd`")
+        self.assertEqual(cells[1:], ["1", "0.8", "2.5 (FLASH_ATTENTION)", "0.98 (CUDNN_ATTENTION)", "2.500",
+                                     "1.225", "0.980"])
+        t = table_row(section, "`t.attention.fwd_bwd`")  # neither a non-deterministic nor a deterministic entry
+        self.assertEqual(t[1:], ["1", "missing", "missing", "0.96", "—", "—", "0.960"])
+
+    def test_no_determinism_section_without_either_side(self):
+        p = pytorch_doc()
+        p["results"] = [e for e in p["results"] if not e["name"].endswith("@deterministic")]
+        md, _, _, _ = self.run_ops(pytorch=p)
+        self.assertNotIn("with and without a deterministic backward", md)
 
     def test_kernels_judged_on_the_stream_time_when_present(self):
         r = replay_doc()
@@ -250,7 +306,9 @@ class OpsComparison(TempDirCase):
         self.assertEqual(cells[8], "— / —")  # the fixture has no samples_ms
         self.assertEqual(cells[9], "0.95")
         self.assertEqual(cells[10], "FAIL")
-        self.assertIn("(CUDNN_ATTENTION)", table_row(md, "`s.attention.fwd_bwd`")[4])
+        self.assertEqual(table_row(md, "`s.attention.fwd_bwd`")[4], "2.5 (FLASH_ATTENTION, deterministic)")
+        self.assertEqual(table_row(md, "`t.attention.fwd_bwd`")[4], "0.96 (default)")
+        self.assertEqual(table_row(md, "`s.attention.fwd`")[4], "0.5 (FLASH_ATTENTION)")
 
     def test_calls_are_the_samples_each_tool_timed(self):
         replay, pytorch = replay_doc(), pytorch_doc()
@@ -289,11 +347,14 @@ class OpsComparison(TempDirCase):
         md, _, _, _ = self.run_ops()
         section = md[md.index("## Attention forward+backward"):]
         cells = table_row(section, "`s.attention.fwd_bwd`")
-        # op, replay, default, @flash, @cudnn, replay/default, replay/@flash, replay/@cudnn
+        # op, replay, default, @flash, @cudnn, @deterministic, replay/default, replay/@flash, replay/@cudnn,
+        # replay/@deterministic
         self.assertEqual(cells[1], "1")
         self.assertEqual(cells[2], "0.98 (CUDNN_ATTENTION)")
         self.assertEqual(cells[3], "1.25")
-        self.assertEqual(cells[6], "1.250")
+        self.assertEqual(cells[5], "2.5")
+        self.assertEqual(cells[7], "1.250")
+        self.assertEqual(cells[9], "2.500")
         t = table_row(section, "`t.attention.fwd_bwd`")
         self.assertEqual(t[3], "missing")   # no @flash entry for t
         self.assertEqual(t[4], "refused")
