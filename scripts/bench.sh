@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # bench.sh: run replay's suite on the local GPU, building first, and write reports/<gpu>/<date>/.
 #
-#   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch]
+#   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch] [--report-only]
 #
-#   --quick       fewer repeats (a smoke run of a few minutes)
-#   --out DIR     where to write (default reports/<gpu>/<date>)
-#   --no-build    use the binaries already in the build folder
-#   --no-pytorch  skip the PyTorch baselines even when torch is importable
+#   --quick        fewer repeats (a smoke run of a few minutes)
+#   --out DIR      where to write (default reports/<gpu>/<date>)
+#   --no-build     use the binaries already in the build folder
+#   --no-pytorch   skip the PyTorch baselines even when torch is importable
+#   --report-only  run nothing: write the reports again from the JSON in --out DIR (a suite run
+#                  elsewhere, or scripts/report.py changed since); needs no GPU
 #
 # Environment: REPLAY_BUILD_DIR (default build/release), REPLAY_SKIP_SETUP=1 (no installs: the GPU
 # machine). Writes one JSON per run (schemas in reports/SCHEMA.md), the logs, summary.md and plots.
@@ -17,17 +19,61 @@ quick=0
 out=""
 build=1
 pytorch=1
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --out) out="$2"; shift ;;
     --no-build) build=0 ;;
     --no-pytorch) pytorch=0 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --report-only) report_only=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+
+# Reports: per-section markdown and plots from the JSON in $out, then one summary.md. Only what is there
+# is reported; a run that is missing or failed shows as missing in its tables.
+write_reports() {
+  {
+    echo "# replay suite on $gpu_name"
+    echo
+    echo "Command: \`$(cat "$out/COMMAND")\`"
+    echo
+  } >"$out/summary.md"
+  if [ -f "$out/replay_ops.json" ]; then
+    args=(ops --replay "$out/replay_ops.json" --out "$out")
+    [ -f "$out/ops_attention_nondeterministic.json" ] \
+      && args+=(--attention-nondeterministic "$out/ops_attention_nondeterministic.json")
+    [ "$have_torch" = 1 ] && [ -f "$out/pytorch_ops.json" ] && args+=(--pytorch "$out/pytorch_ops.json")
+    python3 scripts/report.py "${args[@]}" && cat "$out/ops_summary.md" >>"$out/summary.md"
+  fi
+  if [ -f "$out/graphs_bench.json" ]; then
+    python3 scripts/report.py graphs --json "$out/graphs_bench.json" --out "$out" \
+      && cat "$out/graphs_summary.md" >>"$out/summary.md"
+  fi
+  if ls "$out"/replay_*_*_*.json >/dev/null 2>&1; then
+    python3 scripts/report.py workloads --dir "$out" --out "$out" && cat "$out/workloads_summary.md" >>"$out/summary.md"
+  fi
+  if ls "$out"/llama31_mb4/replay_*.json >/dev/null 2>&1; then
+    python3 scripts/report.py workloads --dir "$out/llama31_mb4" --out "$out/llama31_mb4" && {
+      printf '\n# Llama 3.1 405B TP8 with 4 micro-batches per step: per-layer against full-iteration graphs\n\n'
+      cat "$out/llama31_mb4/workloads_summary.md"
+    } >>"$out/summary.md"
+  fi
+  echo "bench.sh: wrote $out/summary.md"
+}
+
+if [ "$report_only" = 1 ]; then
+  [ -n "$out" ] && [ -f "$out/COMMAND" ] \
+    || { echo "bench.sh: --report-only needs --out DIR, a folder a suite run wrote (with its COMMAND file)" >&2; exit 2; }
+  gpu_name=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["environment"]["gpu"])' \
+    "$out/replay_ops.json" 2>/dev/null || echo "(GPU not recorded: no replay_ops.json)")
+  have_torch=$pytorch  # the PyTorch JSON that is there, unless --no-pytorch
+  write_reports
+  exit 0
+fi
 
 build_dir=${REPLAY_BUILD_DIR:-build/release}
 bin="$build_dir/bin"
@@ -159,34 +205,7 @@ if [ -x "$bin/replay-gpt3" ]; then
   done
 fi
 
-# Reports: per-section markdown and plots, then one summary.md.
-{
-  echo "# replay suite on $gpu_name"
-  echo
-  echo "Command: \`$(cat "$out/COMMAND")\`"
-  echo
-} >"$out/summary.md"
-if [ -f "$out/replay_ops.json" ]; then
-  args=(ops --replay "$out/replay_ops.json" --out "$out")
-  [ -f "$out/ops_attention_nondeterministic.json" ] \
-    && args+=(--attention-nondeterministic "$out/ops_attention_nondeterministic.json")
-  [ "$have_torch" = 1 ] && [ -f "$out/pytorch_ops.json" ] && args+=(--pytorch "$out/pytorch_ops.json")
-  python3 scripts/report.py "${args[@]}" && cat "$out/ops_summary.md" >>"$out/summary.md"
-fi
-if [ -f "$out/graphs_bench.json" ]; then
-  python3 scripts/report.py graphs --json "$out/graphs_bench.json" --out "$out" \
-    && cat "$out/graphs_summary.md" >>"$out/summary.md"
-fi
-if ls "$out"/replay_*_*_*.json >/dev/null 2>&1; then
-  python3 scripts/report.py workloads --dir "$out" --out "$out" && cat "$out/workloads_summary.md" >>"$out/summary.md"
-fi
-if ls "$out"/llama31_mb4/replay_*.json >/dev/null 2>&1; then
-  python3 scripts/report.py workloads --dir "$out/llama31_mb4" --out "$out/llama31_mb4" && {
-    printf '\n# Llama 3.1 405B TP8 with 4 micro-batches per step: per-layer against full-iteration graphs\n\n'
-    cat "$out/llama31_mb4/workloads_summary.md"
-  } >>"$out/summary.md"
-fi
-echo "bench.sh: wrote $out/summary.md"
+write_reports
 if [ ${#failures[@]} -gt 0 ]; then
   echo "bench.sh: failed: ${failures[*]}" >&2
   exit 1
