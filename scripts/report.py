@@ -184,7 +184,7 @@ def target_for(kind, name):
     """The ratio replay must reach for this op, or None where there is no target."""
     if kind == "gemm":
         return GEMM_TARGET
-    if kind == "attention" and name.partition(" ")[0].endswith(".fwd_bwd"):
+    if kind == "attention" and name.endswith(".fwd_bwd"):
         return ATTENTION_TARGET
     if kind == "kernel":
         return KERNEL_TARGET
@@ -220,10 +220,13 @@ def _why_unmeasured(tool, entry):
 
 
 def _op_row(name, kind, a, b, basis=None):
-    """One compared row: replay entry a against PyTorch entry b (either may be None). basis names what
-    PyTorch ran for an attention forward+backward ("deterministic" or "default"), None otherwise."""
+    """One compared row, labelled name: replay entry a against PyTorch entry b (either may be None). basis
+    names what PyTorch ran for an attention forward+backward ("deterministic" or "default"), None
+    otherwise. The target is the op's, from the entries' own name (a PyTorch variant's without its
+    suffix), whatever the row's label."""
+    op = split_variant((a or b)["name"])[0]
     row = {"name": name, "kind": kind, "shape": (a or b)["shape"], "replay": a, "pytorch": b, "basis": basis,
-           "ratio": None, "p10_ratio": None, "target": target_for(kind, name), "status": MISSING, "note": None}
+           "ratio": None, "p10_ratio": None, "target": target_for(kind, op), "status": MISSING, "note": None}
     if a is not None and b is not None and _disagreement(a, b):
         row.update(status=MISMATCH, note=_disagreement(a, b))
     elif not _measured(a) or not _measured(b):
@@ -442,6 +445,11 @@ def section_kernels(krows, copy_gbps):
             + table(header, out) + [""])
 
 
+def _ratio_cell(rep, other):
+    """replay's throughput over the other entry's (other median / replay median), or a dash."""
+    return fmt(other["median_ms"] / rep["median_ms"], ".3f") if _measured(rep) and _measured(other) else "—"
+
+
 def section_attention_backends(variants, rows):
     title = ["## Attention forward+backward under each PyTorch backend", ""]
     if not rows:
@@ -454,16 +462,13 @@ def section_attention_backends(variants, rows):
             return "refused" if "refused" in (e.get("note") or "") else "not measured"
         return fmt(e["median_ms"])
 
-    def ratio(rep, e):
-        return fmt(e["median_ms"] / rep["median_ms"], ".3f") if _measured(rep) and _measured(e) else "—"
-
     out, notes = [], []
     for r in rows:
         default = r["default"]
         dcell = cell(default) + (f" ({default['backend']})" if default and default.get("backend") else "")
         vs = [r["variants"].get(v) for v in variants]
         out.append([f"`{r['name']}`", cell(r["replay"]), dcell, *[cell(e) for e in vs],
-                    ratio(r["replay"], default), *[ratio(r["replay"], e) for e in vs]])
+                    _ratio_cell(r["replay"], default), *[_ratio_cell(r["replay"], e) for e in vs]])
         notes += [f"- `{r['name']}@{v}`: {e['note']}" for v, e in zip(variants, vs) if e and e.get("note")]
     header = ["op", "replay ms", "pytorch default ms", *[f"@{v} ms" for v in variants], "replay/default",
               *[f"replay/@{v}" for v in variants]]
@@ -681,9 +686,6 @@ def section_determinism(replay, nondet, pytorch):
     names = [r["name"] for r in replay["results"]
              if r.get("kind") == "attention" and r["name"].endswith(".fwd_bwd")]
 
-    def ratio(a, b):
-        return fmt(b["median_ms"] / a["median_ms"], ".3f") if _measured(a) and _measured(b) else "—"
-
     def ms(e):
         return fmt(e.get("median_ms")) if e else MISSING
 
@@ -693,7 +695,8 @@ def section_determinism(replay, nondet, pytorch):
         pd, p = pt.get(f"{name}@{DETERMINISTIC_VARIANT}"), pt.get(name)
         pd_ms = ms(pd) + (f" ({pd['backend']})" if pd and pd.get("backend") else "")
         p_ms = ms(p) + (f" ({p['backend']})" if p and p.get("backend") else "")
-        out.append([f"`{name}`", ms(d), ms(n), pd_ms, p_ms, ratio(d, pd), ratio(n, p), ratio(d, p)])
+        out.append([f"`{name}`", ms(d), ms(n), pd_ms, p_ms, _ratio_cell(d, pd), _ratio_cell(n, p),
+                    _ratio_cell(d, p)])
     if not out or (not nd and not any(f"{n}@{DETERMINISTIC_VARIANT}" in pt for n in names)):
         return []
     header = ["op", "replay deterministic ms", "replay non-deterministic ms", "pytorch deterministic ms",
