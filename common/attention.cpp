@@ -1,21 +1,14 @@
 // attention.cpp: AttentionDesc, AttentionPlan and AttentionCache over the cuDNN frontend's SDPA
-// graphs (samples/cpp/sdpa/fp16_cached.cpp and fp16_bwd.cpp show the same steps). The only
-// translation unit that includes cudnn_frontend.h, which is slow to compile.
+// graphs (samples/cpp/sdpa/fp16_cached.cpp and fp16_bwd.cpp show the same steps); the frontend's
+// plumbing (errors, staged builds, the handle on a stream) is common/cudnn_fe.h's.
 
-// Compile time: the frontend's JSON (de)serialization is not used here, and skipping it halves the
-// parse; every translation unit that includes cudnn_frontend.h must agree on this macro (one
-// definition rule). This code runs at setup and builds one variant pack per call, so -O1 costs
-// nothing measurable and cuts GCC's code generation for the frontend from ~70 s to ~40 s.
-#ifndef CUDNN_FRONTEND_SKIP_JSON_LIB
-#define CUDNN_FRONTEND_SKIP_JSON_LIB
-#endif
+// Set-up code and one variant pack per call: -O1 costs nothing measurable and cuts GCC's code
+// generation for the frontend's headers by almost half.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O1")
 #endif
 
 #include "common/attention.h"
-
-#include <cudnn_frontend.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +17,8 @@
 #include <functional>
 #include <tuple>
 #include <unordered_map>
+
+#include "common/cudnn_fe.h"
 
 namespace fe = cudnn_frontend;
 
@@ -49,61 +44,6 @@ constexpr size_t kRngOffsetAt = 16;
 
 size_t round_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
-}
-
-const char* fe_code_name(fe::error_code_t code) {
-  switch (code) {
-    case fe::error_code_t::OK:
-      return "OK";
-    case fe::error_code_t::ATTRIBUTE_NOT_SET:
-      return "ATTRIBUTE_NOT_SET";
-    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
-      return "SHAPE_DEDUCTION_FAILED";
-    case fe::error_code_t::INVALID_TENSOR_NAME:
-      return "INVALID_TENSOR_NAME";
-    case fe::error_code_t::INVALID_VARIANT_PACK:
-      return "INVALID_VARIANT_PACK";
-    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
-      return "GRAPH_NOT_SUPPORTED";
-    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
-      return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
-    case fe::error_code_t::GRAPH_EXECUTION_FAILED:
-      return "GRAPH_EXECUTION_FAILED";
-    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
-      return "HEURISTIC_QUERY_FAILED";
-    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT:
-      return "UNSUPPORTED_GRAPH_FORMAT";
-    case fe::error_code_t::CUDA_API_FAILED:
-      return "CUDA_API_FAILED";
-    case fe::error_code_t::CUDNN_BACKEND_API_FAILED:
-      return "CUDNN_BACKEND_API_FAILED";
-    case fe::error_code_t::INVALID_CUDA_DEVICE:
-      return "INVALID_CUDA_DEVICE";
-    case fe::error_code_t::HANDLE_ERROR:
-      return "HANDLE_ERROR";
-    case fe::error_code_t::INVALID_VALUE:
-      return "INVALID_VALUE";
-    case fe::error_code_t::NVRTC_COMPILATION_FAILED:
-      return "NVRTC_COMPILATION_FAILED";
-  }
-  return "UNKNOWN";
-}
-
-// A failed frontend call throws Error("cuDNN frontend", <code>, ...) saying what was being done
-// (`what` is only evaluated on failure: execute runs every step).
-[[noreturn]] void fe_throw(fe::error_t status, const char* call, const char* file, int line,
-                           const std::string& what) {
-  throw_error("cuDNN frontend", fe_code_name(status.get_code()), call, file, line,
-              what + ": " + status.get_message());
-}
-#define REPLAY_FE_CHECK(call, what)                                                               \
-  do {                                                                                            \
-    fe::error_t replay_fe_status = (call);                                                        \
-    if (replay_fe_status.is_bad()) fe_throw(replay_fe_status, #call, __FILE__, __LINE__, (what)); \
-  } while (0)
-
-fe::DataType_t io_type(DType t) {
-  return t == DType::kFP16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
 }
 
 // cuDNN always sees [B, H, S, D]; the strides say where the elements are. Token-major buffers with
@@ -133,7 +73,7 @@ fe::graph::Tensor_attributes& as_stats(fe::graph::Tensor_attributes& t, const At
 // Graph-wide types: storage in bf16/fp16, softmax and accumulation in fp32.
 std::shared_ptr<fe::graph::Graph> new_graph(const AttentionDesc& d) {
   auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(io_type(d.dtype))
+  g->set_io_data_type(cudnn_fe::io_type(d.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   return g;
@@ -226,69 +166,12 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionDesc& d) {
   return g;
 }
 
-// A graph built through the frontend's stages, or why it could not be.
-struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
-  std::string failure;  // empty on success
-};
-
-// validate, build the operation graph, query heuristics (mode A, then fallback), check support,
-// build the first plan that finalizes. Frontend exceptions (graph construction) count as failures
-// too.
-Built build(const std::function<std::shared_ptr<fe::graph::Graph>()>& make, cudnnHandle_t handle) {
-  Built out;
-  auto stage = [&](const char* name, fe::error_t status) {
-    if (status.is_good()) return true;
-    out.failure = std::string(name) + " failed with " + fe_code_name(status.get_code()) + ": " +
-                  status.get_message();
-    return false;
-  };
-  try {
-    out.graph = make();
-    fe::graph::Graph& g = *out.graph;
-    const bool ok =
-        stage("validate", g.validate()) &&
-        stage("build_operation_graph", g.build_operation_graph(handle)) &&
-        stage("create_execution_plans",
-              g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK})) &&
-        stage("check_support", g.check_support()) &&
-        stage("build_plans", g.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE));
-    if (!ok) out.graph.reset();
-  } catch (const std::exception& e) {
-    out.graph.reset();
-    out.failure = std::string("graph construction failed: ") + e.what();
-  }
-  return out;
-}
-
 [[noreturn]] void throw_unsupported(const char* direction, const AttentionDesc& d,
                                     const std::string& why) {
   throw Error(
       "cuDNN frontend", "not supported",
       std::string("cuDNN cannot run the ") + direction + " of " + d.describe() + ": " + why);
 }
-
-// Points the cuDNN handle at `stream` for one call, and back at its previous stream afterwards:
-// the Context binds the handle to its work stream, callers may pass any stream. Host-only calls,
-// safe during capture.
-class HandleOnStream {
- public:
-  HandleOnStream(cudnnHandle_t handle, cudaStream_t stream) : handle_(handle) {
-    REPLAY_CUDNN_CHECK(cudnnGetStream(handle_, &previous_));
-    changed_ = previous_ != stream;
-    if (changed_) REPLAY_CUDNN_CHECK(cudnnSetStream(handle_, stream));
-  }
-  ~HandleOnStream() {
-    if (changed_) cudnnSetStream(handle_, previous_);
-  }
-  HandleOnStream(const HandleOnStream&) = delete;
-  HandleOnStream& operator=(const HandleOnStream&) = delete;
-
- private:
-  cudnnHandle_t handle_;
-  cudaStream_t previous_ = nullptr;
-  bool changed_ = false;
-};
 
 void require_aligned(const void* p, const char* name) {
   REPLAY_REQUIRE(p != nullptr, std::string("attention: ") + name + " is null");
@@ -376,16 +259,16 @@ AttentionPlan::AttentionPlan(const Context& ctx, const AttentionDesc& desc)
 
   // The frontend's preferred implementation first (AUTO picks its unified SDPA node where that
   // node's support surface allows), then the composite graph that every cuDNN 9 version can run.
-  Built fwd =
-      build([&] { return forward_graph(desc_, fe::AttentionImplementation_t::AUTO); }, handle);
+  cudnn_fe::Built fwd =
+      cudnn_fe::build([&] { return forward_graph(desc_, fe::AttentionImplementation_t::AUTO); }, handle);
   if (!fwd.graph) {
-    Built composite = build(
+    cudnn_fe::Built composite = cudnn_fe::build(
         [&] { return forward_graph(desc_, fe::AttentionImplementation_t::COMPOSITE); }, handle);
     if (!composite.graph)
       throw_unsupported("forward", desc_, fwd.failure + "; composite: " + composite.failure);
     fwd = std::move(composite);
   }
-  Built bwd = build([&] { return backward_graph(desc_); }, handle);
+  cudnn_fe::Built bwd = cudnn_fe::build([&] { return backward_graph(desc_); }, handle);
   if (!bwd.graph) throw_unsupported("backward", desc_, bwd.failure);
 
   impl_->forward = std::move(fwd.graph);
@@ -459,11 +342,10 @@ std::unordered_map<int64_t, void*> io_pack(const AttentionIO& io) {
 void AttentionPlan::forward(const Context& ctx, cudaStream_t stream, const AttentionIO& io,
                             RngArgs rng, void* workspace, size_t workspace_bytes) const {
   std::unordered_map<int64_t, void*> pack = io_pack(io);
-  HandleOnStream on_stream(ctx.cudnn(), stream);
   prepare_call(desc_, impl_->counters_per_position, impl_->forward_cudnn_bytes,
                forward_workspace_bytes(), rng, workspace, workspace_bytes, stream, pack);
-  REPLAY_FE_CHECK(impl_->forward->execute(ctx.cudnn(), pack, workspace),
-                  "attention forward " + desc_.describe());
+  cudnn_fe::execute(*impl_->forward, ctx.cudnn(), stream, pack, workspace,
+                    [&] { return "attention forward " + desc_.describe(); });
 }
 
 void AttentionPlan::backward(const Context& ctx, cudaStream_t stream, const AttentionIO& io,
@@ -478,11 +360,10 @@ void AttentionPlan::backward(const Context& ctx, cudaStream_t stream, const Atte
   pack[kDQ] = grads.dq;
   pack[kDK] = grads.dk;
   pack[kDV] = grads.dv;
-  HandleOnStream on_stream(ctx.cudnn(), stream);
   prepare_call(desc_, impl_->counters_per_position, impl_->backward_cudnn_bytes,
                backward_workspace_bytes(), rng, workspace, workspace_bytes, stream, pack);
-  REPLAY_FE_CHECK(impl_->backward->execute(ctx.cudnn(), pack, workspace),
-                  "attention backward " + desc_.describe());
+  cudnn_fe::execute(*impl_->backward, ctx.cudnn(), stream, pack, workspace,
+                    [&] { return "attention backward " + desc_.describe(); });
 }
 
 // -------------------------------------------------------------------------------------------------

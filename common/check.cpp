@@ -1,10 +1,16 @@
 // check.cpp: status-to-message translation for every library replay calls.
 #include "common/check.h"
 
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn_graph.h>
 #include <mpi.h>   // MPI_Error_string
 #include <hdf5.h>  // H5Eprint2
 
+#include <nccl.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 
@@ -12,6 +18,7 @@ namespace replay {
 
 namespace {
 std::atomic<int> g_error_rank{-1};
+std::atomic<int64_t> g_launch_delay_ns{0};
 
 const char* cublas_status_name(cublasStatus_t s) {
   switch (s) {
@@ -33,6 +40,14 @@ const char* cublas_status_name(cublasStatus_t s) {
 void set_error_rank(int rank) { g_error_rank.store(rank); }
 int error_rank() { return g_error_rank.load(); }
 
+void set_host_launch_delay_us(double microseconds) {
+  REPLAY_REQUIRE(microseconds >= 0 && microseconds <= 1e6, "host delay must be in [0, 1e6] us");
+  g_launch_delay_ns.store(static_cast<int64_t>(microseconds * 1e3), std::memory_order_relaxed);
+}
+double host_launch_delay_us() {
+  return static_cast<double>(g_launch_delay_ns.load(std::memory_order_relaxed)) / 1e3;
+}
+
 void throw_error(const char* library, const std::string& status, const char* call, const char* file,
                  int line, const std::string& detail) {
   std::ostringstream os;
@@ -44,29 +59,57 @@ void throw_error(const char* library, const std::string& status, const char* cal
 
 namespace detail {
 
-void check(cudaError_t status, const char* call, const char* file, int line) {
+namespace {
+
+void report(cudaError_t status, const char* call, const char* file, int line) {
   if (status == cudaSuccess) return;
   std::string s = std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
   throw_error("CUDA", s, call, file, line);
 }
 
-void check(cublasStatus_t status, const char* call, const char* file, int line) {
+void report(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
   throw_error("cuBLASLt", cublas_status_name(status), call, file, line);
 }
 
-void check(cudnnStatus_t status, const char* call, const char* file, int line) {
+void report(cudnnStatus_t status, const char* call, const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
   throw_error("cuDNN", cudnnGetErrorString(status), call, file, line, last);
 }
 
-void check(ncclResult_t status, const char* call, const char* file, int line) {
+void report(ncclResult_t status, const char* call, const char* file, int line) {
   if (status == ncclSuccess) return;
   // ncclGetLastError takes a communicator; nullptr asks for the last error of any.
   const char* last = ncclGetLastError(nullptr);
   throw_error("NCCL", ncclGetErrorString(status), call, file, line, last ? last : "");
+}
+
+}  // namespace
+
+// The template every call site instantiates by declaration (check.h); its four instantiations live
+// here, where the library headers are.
+template <typename Status>
+void check(Status status, const char* call, const char* file, int line) {
+  report(status, call, file, line);
+}
+template void check(cudaError_t, const char*, const char*, int);
+template void check(cublasStatus_t, const char*, const char*, int);
+template void check(cudnnStatus_t, const char*, const char*, int);
+template void check(ncclResult_t, const char*, const char*, int);
+
+void host_launch_delay() {
+  const int64_t ns = g_launch_delay_ns.load(std::memory_order_relaxed);
+  if (ns <= 0) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+void check_launch(int cuda_status, const char* file, int line) {
+  check(static_cast<cudaError_t>(cuda_status), "kernel launch", file, line);
+  host_launch_delay();
 }
 
 void check_mpi(int status, const char* call, const char* file, int line) {

@@ -2,16 +2,16 @@
 // frontend, NCCL, MPI, HDF5). A failed call throws replay::Error whose message names the library, the
 // status string, the call, file:line and the rank. Library code throws; main() catches (see
 // replay::run_main) and turns the error into a clear message and a non-zero exit.
+//
+// The header includes no library header: a status type is a template parameter, and check.cpp, the
+// only file that sees every library, instantiates the check for cudaError_t, cublasStatus_t,
+// cudnnStatus_t and ncclResult_t. So a TensorView (tensor.h includes this) costs no cuDNN or NCCL
+// parse, and a call site, which has its library's header anyway, gets the right message.
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-
-#include <cublasLt.h>        // cublasStatus_t
-#include <cuda_runtime_api.h>  // cudaError_t
-#include <cudnn_graph.h>     // cudnnStatus_t
-#include <nccl.h>            // ncclResult_t
 
 namespace replay {
 
@@ -38,11 +38,22 @@ int error_rank();
 [[noreturn]] void throw_error(const char* library, const std::string& status, const char* call,
                               const char* file, int line, const std::string& detail = {});
 
+// --host-delay-us: a host busy-wait of this many microseconds after every kernel launch
+// (REPLAY_LAUNCH_CHECK) and every library launch (cuBLASLt matmul, cuDNN execute), so eager work
+// pays it per launch and a graph only while it is captured: what a slower host (Python, a
+// framework's dispatcher) costs, and what graphs hide. Process-wide, 0 (off) by default; set it
+// before the run, not while launches are in flight.
+void set_host_launch_delay_us(double microseconds);
+double host_launch_delay_us();
+
 namespace detail {
-void check(cudaError_t status, const char* call, const char* file, int line);
-void check(cublasStatus_t status, const char* call, const char* file, int line);
-void check(cudnnStatus_t status, const char* call, const char* file, int line);
-void check(ncclResult_t status, const char* call, const char* file, int line);
+// Defined for cudaError_t, cublasStatus_t, cudnnStatus_t and ncclResult_t (check.cpp).
+template <typename Status>
+void check(Status status, const char* call, const char* file, int line);
+// After a kernel launch: the launch's error (cudaGetLastError), then the host launch delay.
+void check_launch(int cuda_status, const char* file, int line);
+// Before a library launch: the host launch delay alone.
+void host_launch_delay();
 void check_mpi(int status, const char* call, const char* file, int line);
 void check_hdf5(int64_t status, const char* call, const char* file, int line);
 // After an expected failure (a refused capture, a failed graph update), the sticky-free part of the
@@ -62,7 +73,7 @@ void clear_last_cuda_error();
   ::replay::detail::check_hdf5(static_cast<int64_t>(call), #call, __FILE__, __LINE__)
 // Every kernel launch is followed by this: it reports launch-configuration errors at once.
 #define REPLAY_LAUNCH_CHECK() \
-  ::replay::detail::check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+  ::replay::detail::check_launch(static_cast<int>(cudaGetLastError()), __FILE__, __LINE__)
 
 // Precondition check for replay's own code: throws Error("replay", "invalid argument", ...).
 #define REPLAY_REQUIRE(cond, detail_msg)                                                       \

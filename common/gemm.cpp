@@ -319,6 +319,7 @@ void GemmPlan::run(cudaStream_t stream, const GemmArgs& args) {
   if (status != CUBLAS_STATUS_SUCCESS)
     throw_error("cuBLASLt", cublasLtGetStatusName(status), "cublasLtMatmul", __FILE__, __LINE__,
                 describe(desc_));
+  detail::host_launch_delay();
 }
 
 void GemmPlan::autotune(cudaStream_t stream, const GemmArgs& args, int repetitions) {

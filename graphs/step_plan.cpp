@@ -35,8 +35,11 @@ class PinnedBuffer {
 }  // namespace
 
 struct StepPlan::UnitState {
-  std::unique_ptr<Graph> graph;                          // graphed units only
-  std::vector<std::vector<ArgFingerprint>> captured;     // per region of the unit, at capture
+  struct Keyed {
+    std::unique_ptr<Graph> graph;                       // graphed units only
+    std::vector<std::vector<ArgFingerprint>> captured;  // per region of the unit, at capture
+  };
+  std::vector<Keyed> keys;  // one per shape key
 };
 
 StepPlan::StepPlan(std::string name, StepPlanOptions options)
@@ -72,6 +75,28 @@ void StepPlan::set_rng(RngTracker* rng) {
   rng_ = rng;
 }
 
+void StepPlan::set_shape_keys(std::vector<std::string> names, std::function<void(int key)> select) {
+  REPLAY_REQUIRE(!prepared_, "step '" + name_ + "': shape keys are set before the step is built");
+  REPLAY_REQUIRE(!names.empty(), "step '" + name_ + "': at least one shape key");
+  REPLAY_REQUIRE(select != nullptr, "step '" + name_ + "': shape keys need a select function");
+  for (size_t i = 0; i < names.size(); ++i) {
+    REPLAY_REQUIRE(!names[i].empty(), "step '" + name_ + "': shape keys need names");
+    for (size_t j = 0; j < i; ++j)
+      REPLAY_REQUIRE(names[i] != names[j], "step '" + name_ + "': shape key '" + names[i] + "' named twice");
+  }
+  key_names_ = std::move(names);
+  select_key_ = std::move(select);
+}
+
+void StepPlan::check_key(int key) const {
+  REPLAY_REQUIRE(key >= 0 && key < shape_keys(), "step '" + name_ + "': shape key " + std::to_string(key) +
+                                                     " out of range (" + std::to_string(shape_keys()) + " keys)");
+}
+
+std::string StepPlan::graph_name(const StepUnit& unit, int key) const {
+  return key_names_.size() > 1 ? unit.name + "@" + key_names_[static_cast<size_t>(key)] : unit.name;
+}
+
 const std::vector<StepUnit>& StepPlan::units() const {
   REPLAY_REQUIRE(prepared_, "step '" + name_ + "' has not been built yet (prepare or run_step)");
   return units_;
@@ -100,94 +125,114 @@ void StepPlan::run_eager_step(cudaStream_t stream) {
   if (rng_ != nullptr) rng_->advance(stream);
 }
 
+// Neutral warm-up, in every mode so that all start from the same state: lazy initialization (library
+// handles, kernel modules, NCCL) happens here, outside any capture, at every shape key; then every byte
+// that carries between steps is put back, so step 0 is the same in every mode. With a warm-up hold, the
+// optimizer skips its update and only the registered (small) state is saved.
+void StepPlan::warm_up(cudaStream_t stream) {
+  size_t total = 0;
+  for (const Buffer& b : state_) total += b.bytes;
+  PinnedBuffer saved(total);
+  size_t offset = 0;
+  for (const Buffer& b : state_) {
+    if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(saved.get() + offset, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
+    offset += b.bytes;
+  }
+  static const int32_t kOn = 1, kOff = 0;
+  if (warmup_hold_ != nullptr)
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOn, sizeof(kOn), cudaMemcpyHostToDevice, stream));
+  if (rng_ != nullptr) rng_->snapshot(stream);
+  for (int key = 0; key < shape_keys(); ++key) {
+    if (select_key_) select_key_(key);
+    for (int w = 0; w < options_.warmup_steps; ++w) run_eager_step(stream);
+  }
+  offset = 0;
+  for (const Buffer& b : state_) {
+    if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved.get() + offset, b.bytes, cudaMemcpyHostToDevice, stream));
+    offset += b.bytes;
+  }
+  if (warmup_hold_ != nullptr)
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOff, sizeof(kOff), cudaMemcpyHostToDevice, stream));
+  if (rng_ != nullptr) rng_->restore(stream);
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));  // `saved` is freed at scope exit
+}
+
+void StepPlan::capture(size_t u, int key, cudaStream_t stream) {
+  const StepUnit& unit = units_[u];
+  UnitState::Keyed& st = unit_state_[u]->keys[static_cast<size_t>(key)];
+  const std::vector<RegionArgs> args = args_of(unit);
+  st.captured.clear();
+  for (const RegionArgs& a : args) st.captured.push_back(fingerprint(a));
+  st.graph = std::make_unique<Graph>(graph_name(unit, key));
+  st.graph->build(capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); }, stream,
+                  options_.capture_mode);
+}
+
 void StepPlan::prepare(cudaStream_t stream) {
   REPLAY_REQUIRE(!prepared_, "step '" + name_ + "' prepared twice");
   units_ = partition_step(name_, regions_, options_);
   unit_state_.clear();
-  for (size_t u = 0; u < units_.size(); ++u) unit_state_.push_back(std::make_unique<UnitState>());
-
-  // Neutral warm-up, in every mode so that all start from the same state: lazy initialization (library
-  // handles, kernel modules, NCCL) happens here, outside any capture; then every byte that carries
-  // between steps is put back, so step 0 is the same in every mode. With a warm-up hold, the optimizer
-  // skips its update and only the registered (small) state is saved.
-  if (options_.warmup_steps > 0) {
-    size_t total = 0;
-    for (const Buffer& b : state_) total += b.bytes;
-    PinnedBuffer saved(total);
-    size_t offset = 0;
-    for (const Buffer& b : state_) {
-      if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(saved.get() + offset, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
-      offset += b.bytes;
-    }
-    static const int32_t kOn = 1, kOff = 0;
-    if (warmup_hold_ != nullptr)
-      REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOn, sizeof(kOn), cudaMemcpyHostToDevice, stream));
-    if (rng_ != nullptr) rng_->snapshot(stream);
-    for (int w = 0; w < options_.warmup_steps; ++w) run_eager_step(stream);
-    offset = 0;
-    for (const Buffer& b : state_) {
-      if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved.get() + offset, b.bytes, cudaMemcpyHostToDevice, stream));
-      offset += b.bytes;
-    }
-    if (warmup_hold_ != nullptr)
-      REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOff, sizeof(kOff), cudaMemcpyHostToDevice, stream));
-    if (rng_ != nullptr) rng_->restore(stream);
-    REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));  // `saved` is freed at scope exit
+  for (size_t u = 0; u < units_.size(); ++u) {
+    unit_state_.push_back(std::make_unique<UnitState>());
+    unit_state_.back()->keys.resize(key_names_.size());
   }
+  if (options_.warmup_steps > 0) warm_up(stream);
   if (options_.mode == GraphMode::kNone) {
     prepared_ = true;
     return;
   }
 
-  // Capture in execution order on the plan's own stream; instantiate and upload on the work stream.
+  // Capture in execution order on the plan's own stream, key by key; instantiate and upload on the work
+  // stream.
   capture_stream_ = std::make_unique<CaptureStream>();
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const StepUnit& unit = units_[u];
-    if (!unit.graphed) continue;
-    UnitState& st = *unit_state_[u];
-    const std::vector<RegionArgs> args = args_of(unit);
-    st.captured.clear();
-    for (const RegionArgs& a : args) st.captured.push_back(fingerprint(a));
-    st.graph = std::make_unique<Graph>(unit.name);
-    st.graph->build(capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); }, stream,
-                    options_.capture_mode);
+  for (int key = 0; key < shape_keys(); ++key) {
+    if (select_key_) select_key_(key);
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].graphed) capture(u, key, stream);
   }
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
   prepared_ = true;
 }
 
-void StepPlan::check_arguments(size_t unit, const std::vector<RegionArgs>& args) const {
+void StepPlan::prepare_at(int key, cudaStream_t stream) {
+  prepare(stream);
+  if (select_key_) select_key_(key);  // the key this step runs at, which prepare() left for another
+}
+
+void StepPlan::check_arguments(size_t unit, int key, const std::vector<RegionArgs>& args) const {
   const StepUnit& u = units_[unit];
-  const UnitState& st = *unit_state_[unit];
+  const UnitState::Keyed& st = unit_state_[unit]->keys[static_cast<size_t>(key)];
   for (int i = u.first; i <= u.last; ++i) {
     const auto k = static_cast<size_t>(i - u.first);
     const std::string mismatch = fingerprint_mismatch(st.captured[k], fingerprint(args[k]));
     if (mismatch.empty()) continue;
     throw Error("replay", "graph argument mismatch",
-                "step '" + name_ + "', graph '" + u.name + "', region '" + regions_[static_cast<size_t>(i)].name +
+                "step '" + name_ + "', graph '" + graph_name(u, key) + "', region '" +
+                    regions_[static_cast<size_t>(i)].name +
                     "': " + mismatch +
                     ". Replaying would use the captured arguments: keep the buffers in place, or call "
                     "StepPlan::update() after moving them");
   }
 }
 
-void StepPlan::run_unit(size_t unit, cudaStream_t stream) {
+void StepPlan::run_unit(size_t unit, int key, cudaStream_t stream) {
   const StepUnit& u = units_[unit];
   const std::vector<RegionArgs> args = args_of(u);
   if (u.graphed) {
-    check_arguments(unit, args);
-    unit_state_[unit]->graph->launch(stream);
+    check_arguments(unit, key, args);
+    unit_state_[unit]->keys[static_cast<size_t>(key)].graph->launch(stream);
   } else {
     enqueue_unit(u, args, stream);
   }
 }
 
-void StepPlan::run_step(cudaStream_t stream) {
-  if (!prepared_) prepare(stream);
+void StepPlan::run_step(cudaStream_t stream, int key) {
+  check_key(key);
+  if (!prepared_) prepare_at(key, stream);
   if (trace_enqueue_) {
-    run_step_traced(stream);
+    run_step_traced(key, stream);
   } else {
-    for (size_t u = 0; u < units_.size(); ++u) run_unit(u, stream);
+    for (size_t u = 0; u < units_.size(); ++u) run_unit(u, key, stream);
   }
   if (!full_step() && rng_ != nullptr) rng_->advance(stream);
 }
@@ -195,14 +240,14 @@ void StepPlan::run_step(cudaStream_t stream) {
 // The host clock around each unit's enqueue. A launch that finds the driver unable to take more work
 // (its launch queues full, or too many launches pending of graphs holding cuDNN attention: README,
 // "Looking inside a step") waits until the GPU has retired some; the line says where the host waited.
-void StepPlan::run_step_traced(cudaStream_t stream) {
+void StepPlan::run_step_traced(int key, cudaStream_t stream) {
   using Clock = std::chrono::steady_clock;
   constexpr double kReportUs = 200.0;
   std::ostringstream slow;
   double total_us = 0.0;
   for (size_t u = 0; u < units_.size(); ++u) {
     const auto t0 = Clock::now();
-    run_unit(u, stream);
+    run_unit(u, key, stream);
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     total_us += us;
     if (us > kReportUs) slow << ' ' << units_[u].name << ' ' << static_cast<int64_t>(us);
@@ -238,20 +283,22 @@ std::vector<StepPlan::Buffer> StepPlan::outputs_of(size_t unit, const std::vecto
   return out;
 }
 
-VerifyReport StepPlan::verify_step(cudaStream_t stream) {
-  if (!prepared_) prepare(stream);
+VerifyReport StepPlan::verify_step(cudaStream_t stream, int key) {
+  check_key(key);
+  if (!prepared_) prepare_at(key, stream);
   VerifyReport report;
   for (size_t u = 0; u < units_.size(); ++u) {
     const StepUnit& unit = units_[u];
     if (!unit.graphed) {
-      run_unit(u, stream);
+      run_unit(u, key, stream);
       continue;
     }
+    Graph& graph = *unit_state_[u]->keys[static_cast<size_t>(key)].graph;
     const std::vector<RegionArgs> args = args_of(unit);
-    check_arguments(u, args);
+    check_arguments(u, key, args);
     const std::vector<Buffer> outputs = outputs_of(u, args);
     if (outputs.empty()) {  // nothing to compare; running it twice could apply undeclared writes twice
-      unit_state_[u]->graph->launch(stream);
+      graph.launch(stream);
       continue;
     }
     size_t total = 0;
@@ -282,7 +329,7 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream) {
       REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved + off, b.bytes, cudaMemcpyHostToDevice, stream));
       off += b.bytes;
     }
-    unit_state_[u]->graph->launch(stream);
+    graph.launch(stream);
     copy_out(graphed);
     REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -293,7 +340,7 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream) {
       const int64_t index = first_difference(eager + off, graphed + off, b.bytes, b.dtype);
       if (index >= 0 && report.ok) {
         report.ok = false;
-        report.graph = unit.name;
+        report.graph = graph.name();
         report.tensor = b.name;
         report.index = index;
         report.eager_value = format_element(eager + off, b.dtype, index);
@@ -306,13 +353,14 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream) {
   return report;
 }
 
-std::vector<UpdateReport> StepPlan::update(cudaStream_t stream) {
+std::vector<UpdateReport> StepPlan::update(cudaStream_t stream, int key) {
   REPLAY_REQUIRE(prepared_, "step '" + name_ + "' updated before it was built");
+  check_key(key);
   std::vector<UpdateReport> reports;
   for (size_t u = 0; u < units_.size(); ++u) {
     const StepUnit& unit = units_[u];
     if (!unit.graphed) continue;
-    UnitState& st = *unit_state_[u];
+    UnitState::Keyed& st = unit_state_[u]->keys[static_cast<size_t>(key)];
     const std::vector<RegionArgs> args = args_of(unit);
     std::vector<std::vector<ArgFingerprint>> now;
     bool changed = false;
@@ -330,28 +378,39 @@ std::vector<UpdateReport> StepPlan::update(cudaStream_t stream) {
 
 std::vector<GraphStats> StepPlan::graph_stats() const {
   std::vector<GraphStats> stats;
-  for (size_t u = 0; u < unit_state_.size(); ++u)
-    if (unit_state_[u]->graph) stats.push_back(unit_state_[u]->graph->stats());
+  for (const auto& unit : unit_state_)
+    for (const UnitState::Keyed& k : unit->keys)
+      if (k.graph) stats.push_back(k.graph->stats());
   return stats;
 }
 
 std::string StepPlan::describe() const {
   std::ostringstream os;
   os << "step '" << name_ << "', graph mode " << graph_mode_name(options_.mode) << ", warm-up "
-     << options_.warmup_steps << ", capture " << capture_mode_name(options_.capture_mode) << "\n";
+     << options_.warmup_steps << ", capture " << capture_mode_name(options_.capture_mode);
+  if (shape_keys() > 1) {
+    os << ", shape keys";
+    for (const std::string& k : key_names_) os << " " << k;
+  }
+  os << "\n";
   char line[256];
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const StepUnit& unit = units_[u];
-    if (unit.graphed && unit_state_[u]->graph) {
-      const GraphStats& s = unit_state_[u]->graph->stats();
-      std::snprintf(line, sizeof(line), "  graph %-28s regions %d..%d  nodes %zu  capture %.2f ms  instantiate %.2f ms:",
-                    unit.name.c_str(), unit.first, unit.last, s.nodes, s.capture_ms, s.instantiate_ms);
-    } else {
-      std::snprintf(line, sizeof(line), "  eager %-28s region %d:", unit.name.c_str(), unit.first);
+  for (int key = 0; key < shape_keys(); ++key) {
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const StepUnit& unit = units_[u];
+      const Graph* g = unit_state_.empty() ? nullptr : unit_state_[u]->keys[static_cast<size_t>(key)].graph.get();
+      if (unit.graphed && g != nullptr) {
+        const GraphStats& s = g->stats();
+        std::snprintf(line, sizeof(line), "  graph %-28s regions %d..%d  nodes %zu  capture %.2f ms  instantiate %.2f ms:",
+                      g->name().c_str(), unit.first, unit.last, s.nodes, s.capture_ms, s.instantiate_ms);
+      } else if (key == 0) {
+        std::snprintf(line, sizeof(line), "  eager %-28s region %d:", unit.name.c_str(), unit.first);
+      } else {
+        continue;  // eager units are listed once
+      }
+      os << line;
+      for (int r = unit.first; r <= unit.last; ++r) os << " " << regions_[static_cast<size_t>(r)].name;
+      os << "\n";
     }
-    os << line;
-    for (int r = unit.first; r <= unit.last; ++r) os << " " << regions_[static_cast<size_t>(r)].name;
-    os << "\n";
   }
   return os.str();
 }

@@ -12,6 +12,12 @@
 //   plan.add_state("adam.exp_avg", exp_avg_view);   // everything that carries from one step to the next
 //   plan.set_rng(&rng);
 //   for (int step = 0; step < steps; ++step) plan.run_step(ctx.stream());
+//
+// A step that runs at several shapes (a ladder of padded lengths, as NVIDIA's RNN-T) declares shape
+// keys: the plan keeps one executable per graph and key, all captured in prepare(), and
+// run_step(stream, key) replays that key's (TensorRT-LLM's graph cache, keyed by shape):
+//   plan.set_shape_keys({"T400", "T800"}, [&](int key) { model.select_rung(key); });
+//   model.select_rung(k); load a batch padded to rung k; plan.run_step(stream, k);
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -164,34 +170,44 @@ class StepPlan {
   // The RNG whose slots advance at the end of every step (inside the graph in full mode) and are
   // restored after warm-up. Optional.
   void set_rng(RngTracker* rng);
+  // Shape keys (at least one; by default one, unnamed). `select(k)` makes the regions' arguments and
+  // work those of key k: prepare() calls it before warming up and before capturing each key, so
+  // every key is warmed up and captured with its own shapes. prepare() leaves the last key selected
+  // (a first run_step that prepares selects its own key again); the caller selects the key of each
+  // batch before run_step(stream, key). Optional.
+  void set_shape_keys(std::vector<std::string> names, std::function<void(int key)> select);
+  int shape_keys() const { return static_cast<int>(key_names_.size()); }
 
   // ---- Running ----
-  // Every mode: neutral warm-up (warmup_steps eager steps, then state and RNG restored). Graph modes: capture of
-  // every graph in execution order on the plan's own capture stream, instantiation and upload on
-  // `stream`. Synchronizes `stream` once (set-up). Called by the first run_step() when not called before.
+  // Every mode: neutral warm-up (warmup_steps eager steps per shape key, then state and RNG restored).
+  // Graph modes: capture of every graph of every key in execution order on the plan's own capture
+  // stream, instantiation and upload on `stream`. Synchronizes `stream` once (set-up). Called by the
+  // first run_step() when not called before.
   void prepare(cudaStream_t stream);
-  // One training step on `stream`. Before each replay the arguments of every region in the graph are
-  // compared with those it was captured with; a difference throws an Error naming region and argument.
-  // With REPLAY_TRACE_ENQUEUE set in the environment, each step also prints to stderr the host time it
-  // took to enqueue and the units that took over 200 us of it: where the host waits for the driver.
-  void run_step(cudaStream_t stream);
+  // One training step on `stream` at shape key `key` (selected by the caller). Before each replay the
+  // arguments of every region in the graph are compared with those the key's graph was captured with;
+  // a difference throws an Error naming region and argument. With REPLAY_TRACE_ENQUEUE set in the
+  // environment, each step also prints to stderr the host time it took to enqueue and the units that
+  // took over 200 us of it: where the host waits for the driver.
+  void run_step(cudaStream_t stream, int key = 0);
   // One training step in which every graph also runs eagerly on the same inputs and RNG state: outputs
   // are saved, the graph's regions run eagerly, outputs copied out and restored, the graph replayed and
   // both results compared bitwise. The step's results are the graphed ones. Synchronizes after every
   // graph and uses pinned host memory (allocated on first use): a diagnostic, not a timed step. A graph
   // without outputs (no write arguments; in full mode state and RNG count) is only replayed, and in none
   // mode there is nothing to compare: a normal step runs.
-  VerifyReport verify_step(cudaStream_t stream);
-  // Re-captures every graph whose region arguments changed since capture (a moved buffer, a new shape)
-  // and updates it in place, or re-instantiates it and says so. Returns one report per updated graph.
-  std::vector<UpdateReport> update(cudaStream_t stream);
+  VerifyReport verify_step(cudaStream_t stream, int key = 0);
+  // Re-captures every graph of `key` whose region arguments changed since capture (a moved buffer, a
+  // new shape) and updates it in place, or re-instantiates it and says so. Returns one report per
+  // updated graph.
+  std::vector<UpdateReport> update(cudaStream_t stream, int key = 0);
 
   // ---- Inspection ----
   const std::string& name() const { return name_; }
   const StepPlanOptions& options() const { return options_; }
   bool prepared() const { return prepared_; }
   const std::vector<StepUnit>& units() const;
-  // Per graph: nodes, capture and instantiate times, updates (for the benchmark JSON).
+  // Per graph and shape key: nodes, capture and instantiate times, updates (for the benchmark JSON).
   std::vector<GraphStats> graph_stats() const;
   // One line per unit: "graph layer3.fwd  regions 7..7  nodes 41  capture 0.31 ms  instantiate 0.52 ms".
   std::string describe() const;
@@ -211,9 +227,14 @@ class StepPlan {
   // Enqueues the unit's regions (and, for the full-step unit, the RNG advance) on `stream`.
   void enqueue_unit(const StepUnit& unit, const std::vector<RegionArgs>& args, cudaStream_t stream);
   void run_eager_step(cudaStream_t stream);
-  void run_unit(size_t unit, cudaStream_t stream);
-  void run_step_traced(cudaStream_t stream);
-  void check_arguments(size_t unit, const std::vector<RegionArgs>& args) const;
+  void warm_up(cudaStream_t stream);
+  void prepare_at(int key, cudaStream_t stream);
+  void capture(size_t unit, int key, cudaStream_t stream);
+  void run_unit(size_t unit, int key, cudaStream_t stream);
+  void run_step_traced(int key, cudaStream_t stream);
+  void check_key(int key) const;
+  void check_arguments(size_t unit, int key, const std::vector<RegionArgs>& args) const;
+  std::string graph_name(const StepUnit& unit, int key) const;
   std::vector<Buffer> outputs_of(size_t unit, const std::vector<RegionArgs>& args) const;
   bool full_step() const { return options_.mode == GraphMode::kFull; }
 
@@ -223,11 +244,13 @@ class StepPlan {
   int32_t* warmup_hold_ = nullptr;
   std::vector<Buffer> state_;
   RngTracker* rng_ = nullptr;
+  std::vector<std::string> key_names_{""};
+  std::function<void(int)> select_key_;
   bool prepared_ = false;
   bool trace_enqueue_ = false;  // REPLAY_TRACE_ENQUEUE: per-step host enqueue times on stderr
   int64_t traced_steps_ = 0;
   std::vector<StepUnit> units_;
-  std::vector<std::unique_ptr<UnitState>> unit_state_;  // one per unit; graphs for graphed units
+  std::vector<std::unique_ptr<UnitState>> unit_state_;  // one per unit; per key its graph (graphed units)
   std::unique_ptr<CaptureStream> capture_stream_;
   // Pinned host memory for verify_step(): saved outputs, eager results, graphed results.
   char* verify_host_ = nullptr;

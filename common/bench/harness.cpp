@@ -1,7 +1,6 @@
 // harness.cpp: shared flags, the timed step loop, reports and main()'s error handling.
 #include "common/bench/harness.h"
 
-#include <CLI/CLI.hpp>
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
@@ -33,172 +32,7 @@ int run_main(const char* tool, const std::function<int()>& body) {
   }
 }
 
-// ---- Flags -------------------------------------------------------------------------------------
-
-namespace {
-
-std::string format_number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string s;
-  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
-  return s;
-}
-
-// Validators whose messages say what was expected ("--steps: 'many' is not an integer").
-CLI::Validator integer_in(long long lo, long long hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& s) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        const long long v = std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || errno == ERANGE) return "'" + s + "' is not an integer";
-        if (v < lo || v > hi)
-          return "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + s;
-        return {};
-      },
-      hi == 2147483647 ? ">=" + std::to_string(lo)
-                       : "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-}
-
-CLI::Validator unsigned_64() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        std::strtoull(s.c_str(), &end, 10);
-        if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE)
-          return "'" + s + "' is not an integer in [0, 2^64)";
-        return {};
-      },
-      "");
-}
-
-CLI::Validator number_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || *end != '\0') return "'" + s + "' is not a number";
-        if (!(v >= lo && v <= hi))
-          return "must be in [" + format_number(lo) + ", " + format_number(hi) + "], got " + s;
-        return {};
-      },
-      "[" + format_number(lo) + ", " + format_number(hi) + "]");
-}
-
-}  // namespace
-
-std::optional<HarnessFlags> parse_flags(const std::string& tool, int argc, const char* const* argv,
-                                        const std::vector<std::string>& presets,
-                                        const std::string& default_preset, std::FILE* out) {
-  HarnessFlags f;
-  f.preset = default_preset;
-  CLI::App app{tool +
-               ": one replay workload, timed in one graph mode (DESIGN.md, Benchmark protocol)"};
-  app.add_option("--preset", f.preset, "model preset: " + join(presets))
-      ->check(CLI::IsMember(presets));
-  app.add_option("--graphs", f.graphs,
-                 "graph mode: none (eager), layer (per-layer graphs), full (one graph per step)")
-      ->check(CLI::IsMember({"none", "layer", "full"}));
-  constexpr long long kMaxInt = 2147483647;
-  app.add_option("--steps", f.steps, "timed training steps (0: the preset's default)")
-      ->check(integer_in(0, kMaxInt));
-  app.add_option("--warmup", f.warmup, "neutral warm-up steps before step 0 (undone in every mode)")
-      ->check(integer_in(0, kMaxInt));
-  app.add_option("--seed", f.seed, "seed of weights, data order and dropout (0: from the clock)")
-      ->check(unsigned_64());
-  app.add_option("--data", f.data,
-                 "token file (datasets/gpt3.md); default: generated for the preset");
-  app.add_option("--json", f.json, "write the JSON summary here (reports/SCHEMA.md)");
-  app.add_option("--mllog", f.mllog, "write the MLPerf log here (scripts/mlperf/README.md)");
-  app.add_flag("--verify-graphs", f.verify_graphs,
-               "run step 0's graphs eagerly and graphed on the same inputs and compare bitwise");
-  app.add_option("--host-delay-us", f.host_delay_us,
-                 "host busy-wait before each launch in eager regions")
-      ->check(number_in(0.0, 1e6));
-  app.add_option("--log-interval", f.log_interval, "steps between progress lines")
-      ->check(integer_in(1, kMaxInt));
-  app.add_option("--layers", f.layers, "transformer layers of this shard (0: the preset's default)")
-      ->check(integer_in(0, kMaxInt));
-  app.add_option("--microbatches", f.microbatches, "gradient-accumulation micro-batches per step")
-      ->check(integer_in(1, 1024));
-  app.add_option("--dropout", f.dropout,
-                 "hidden and attention dropout probability in [0, 1) (default: the preset's)")
-      ->check(number_in(0.0, 1.0));
-  app.add_option("--device", f.device, "CUDA device ordinal")->check(integer_in(0, 1023));
-  app.add_option("--inject", f.inject,
-                 "plant a CUDA-graph fault in the step (--inject help lists them)");
-  try {
-    app.parse(argc, const_cast<char**>(argv));
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), out);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    throw UsageError(std::string(e.what()) + " (run with --help for the flags)");
-  }
-  if (f.dropout == 1.0) throw UsageError("--dropout: must be below 1 (1 drops everything)");
-  if (!f.inject.empty()) {
-    const auto& faults = injectable_faults();
-    const bool known = std::any_of(faults.begin(), faults.end(),
-                                   [&](const FaultInfo& k) { return f.inject == k.name; });
-    if (!known) {
-      std::string list = describe_faults();
-      list.pop_back();  // run_main ends the line
-      throw UsageError((f.inject == "help" ? std::string("--inject: the faults it plants")
-                                           : "--inject: unknown fault '" + f.inject + "'") +
-                       " (one of):\n" + list);
-    }
-  }
-  return f;
-}
-
-std::optional<HarnessFlags> parse_flags(const std::string& tool,
-                                        const std::vector<std::string>& args,
-                                        const std::vector<std::string>& presets,
-                                        const std::string& default_preset, std::FILE* out) {
-  std::vector<const char*> argv{tool.c_str()};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  return parse_flags(tool, static_cast<int>(argv.size()), argv.data(), presets, default_preset,
-                     out);
-}
-
-const std::vector<FaultInfo>& injectable_faults() {
-  static const std::vector<FaultInfo> faults = {
-      {"host-sync-in-capture",
-       "cudaStreamSynchronize inside the region: capture refused (error 900, host sync)"},
-      {"malloc-in-capture",
-       "cudaMalloc/cudaFree inside the region: capture refused (error 900, memory allocation)"},
-      {"scalar-by-value",
-       "a host step counter passed to a kernel by value: frozen at capture, --verify-graphs names "
-       "the output"},
-      {"rng-by-value",
-       "a random op given its Philox seed/offset by value: every replay draws the same numbers, "
-       "--verify-graphs names the output"},
-      {"stale-input",
-       "the region's input re-pointed after capture: the argument check names region and argument"},
-      {"unjoined-stream",
-       "a side stream forked inside the region and never joined: capture refused (error 904)"},
-      {"legacy-stream",
-       "a kernel on the legacy default stream: runs at capture, missing from the graph, "
-       "--verify-graphs names the output"},
-  };
-  return faults;
-}
-
-std::string describe_faults() {
-  std::string text;
-  for (const FaultInfo& f : injectable_faults()) {
-    char line[256];
-    std::snprintf(line, sizeof(line), "  %-22s %s\n", f.name, f.what);
-    text += line;
-  }
-  return text;
-}
+// ---- Seeds -------------------------------------------------------------------------------------
 
 uint64_t seed_from_clock() {
   uint64_t z = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) +
@@ -209,32 +43,14 @@ uint64_t seed_from_clock() {
   return z != 0 ? z : 1;
 }
 
-std::string describe(const HarnessFlags& f) {
-  std::ostringstream os;
-  os << "# preset: " << f.preset << "\n# graphs: " << f.graphs << "\n# steps: " << f.steps
-     << "\n# warmup: " << f.warmup << "\n# seed: " << f.seed
-     << "\n# data: " << (f.data.empty() ? "-" : f.data)
-     << "\n# json: " << (f.json.empty() ? "-" : f.json)
-     << "\n# mllog: " << (f.mllog.empty() ? "-" : f.mllog)
-     << "\n# verify_graphs: " << (f.verify_graphs ? "yes" : "no")
-     << "\n# host_delay_us: " << f.host_delay_us << "\n# log_interval: " << f.log_interval
-     << "\n# layers: " << f.layers << "\n# microbatches: " << f.microbatches
-     << "\n# dropout: " << f.dropout << "\n# device: " << f.device << "\n";
-  if (!f.inject.empty()) os << "# inject: " << f.inject << "\n";
-  return os.str();
-}
-
-// ---- Host delay -------------------------------------------------------------------------------
-
-HostDelay::HostDelay(double microseconds) : ns_(static_cast<int64_t>(microseconds * 1e3)) {
-  REPLAY_REQUIRE(microseconds >= 0, "host delay must be non-negative");
-}
-
-void HostDelay::operator()() const {
-  if (ns_ <= 0) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns_);
-  while (std::chrono::steady_clock::now() < end) {
+double decimal(float v) {
+  if (!std::isfinite(v)) return static_cast<double>(v);
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(text, nullptr) == v) return std::strtod(text, nullptr);
   }
+  return static_cast<double>(v);
 }
 
 // ---- Step loop --------------------------------------------------------------------------------
@@ -276,57 +92,69 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
                  "at least one step must be timed");
   REPLAY_REQUIRE(cb.enqueue && cb.read, "the step loop needs enqueue and read callbacks");
   const auto steps = static_cast<size_t>(c.steps);
-  EventList events(steps + 1);
+  // Step k takes from its start event to the next step's, so a host that keeps the GPU waiting
+  // between steps counts; where work ran after the step (an evaluation), to its own end event.
+  EventList start(steps), end(steps);
+  std::vector<char> worked_after(steps, 0);
+  auto step_ms = [&](size_t k) {
+    return k + 1 < steps && !worked_after[k] ? elapsed_ms(start[k], start[k + 1])
+                                             : elapsed_ms(start[k], end[k]);
+  };
   LoopResult r;
   r.losses.assign(steps, NAN);
   std::vector<double> host_us(steps);
 
   int64_t next_read = 0;   // steps [0, next_read) have been read back
   int64_t line_start = 0;  // first step of the current progress window
-  auto read_until = [&](int64_t end) {
-    for (; next_read < end; ++next_read) {
+  auto read_until = [&](int64_t stop) {
+    for (; next_read < stop; ++next_read) {
       const int64_t s = next_read;
       const StepSample sample = cb.read(s);
       r.losses[static_cast<size_t>(s)] = static_cast<float>(sample.loss);
       if ((s + 1) % c.log_interval != 0 && s + 1 != c.steps) continue;
-      // Step s was read, so its end event (recorded right after it) is done or about to be.
-      REPLAY_CUDA_CHECK(cudaEventSynchronize(events[static_cast<size_t>(s + 1)]));
-      const double ms =
-          elapsed_ms(events[static_cast<size_t>(line_start)], events[static_cast<size_t>(s + 1)]) /
-          static_cast<double>(s + 1 - line_start);
+      // Step s was read, so the events after it (recorded right after it) are done or about to be.
+      const size_t last = static_cast<size_t>(s);
+      REPLAY_CUDA_CHECK(cudaEventSynchronize(
+          last + 1 < steps && !worked_after[last] ? start[last + 1] : end[last]));
+      double total = 0;
+      for (int64_t k = line_start; k <= s; ++k) total += step_ms(static_cast<size_t>(k));
+      const double ms = total / static_cast<double>(s + 1 - line_start);
       line_start = s + 1;
-      const double tokens_per_s = c.tokens_per_step / (ms * 1e-3);
+      const double units_per_s = c.units_per_step / (ms * 1e-3);
       const double tflops = c.flops_per_step / (ms * 1e-3) / 1e12;
       std::fprintf(out,
                    "step %6" PRId64 "/%" PRId64
-                   "  loss %8.4f  lr %.3e  gnorm %8.4f  %9.3f ms  %11.0f tok/s  %7.1f TFLOP/s",
-                   s + 1, c.steps, sample.loss, sample.lr, sample.grad_norm, ms, tokens_per_s,
-                   tflops);
+                   "  loss %8.4f  lr %.3e  gnorm %8.4f  %9.3f ms  %11.0f %s/s  %7.1f TFLOP/s",
+                   s + 1, c.steps, sample.loss, sample.lr, sample.grad_norm, ms, units_per_s,
+                   c.unit_short.c_str(), tflops);
       if (c.peak_tflops > 0) std::fprintf(out, "  MFU %5.1f%%", 100.0 * tflops / c.peak_tflops);
+      if (std::isfinite(sample.loss_scale)) std::fprintf(out, "  scale %g", sample.loss_scale);
       std::fprintf(out, "\n");
       std::fflush(out);
-      if (cb.on_progress) cb.on_progress(s, tokens_per_s, sample);
+      if (cb.on_progress) cb.on_progress(s, units_per_s, sample);
     }
   };
 
   char range[32];
+  REPLAY_CUDA_CHECK(cudaEventRecord(start[0], stream));
   for (size_t k = 0; k < steps; ++k) {
-    REPLAY_CUDA_CHECK(cudaEventRecord(events[k], stream));
     std::snprintf(range, sizeof(range), "step %zu", k);
     nvtxRangePushA(range);
     const auto t0 = std::chrono::steady_clock::now();
     cb.enqueue(static_cast<int64_t>(k));
     const auto t1 = std::chrono::steady_clock::now();
     nvtxRangePop();
+    REPLAY_CUDA_CHECK(cudaEventRecord(end[k], stream));
     host_us[k] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+    if (cb.after_step) worked_after[k] = cb.after_step(static_cast<int64_t>(k)) ? 1 : 0;
     read_until(static_cast<int64_t>(k) + 1 - c.readback_lag);
+    if (k + 1 < steps) REPLAY_CUDA_CHECK(cudaEventRecord(start[k + 1], stream));
   }
-  REPLAY_CUDA_CHECK(cudaEventRecord(events[steps], stream));
   read_until(c.steps);
-  REPLAY_CUDA_CHECK(cudaEventSynchronize(events[steps]));
+  REPLAY_CUDA_CHECK(cudaEventSynchronize(end[steps - 1]));
 
   for (size_t k = static_cast<size_t>(c.untimed_steps); k < steps; ++k) {
-    r.step_ms.push_back(elapsed_ms(events[k], events[k + 1]));
+    r.step_ms.push_back(step_ms(k));
     r.host_enqueue_us.push_back(host_us[k]);
   }
   r.step_stats = summarize(r.step_ms);
@@ -400,8 +228,8 @@ size_t device_used_bytes() {
 
 // ---- Reports ----------------------------------------------------------------------------------
 
-double WorkloadReport::tokens_per_s() const {
-  return step_ms.median > 0 ? tokens_per_step / (step_ms.median * 1e-3) : 0.0;
+double WorkloadReport::units_per_s() const {
+  return step_ms.median > 0 ? units_per_step / (step_ms.median * 1e-3) : 0.0;
 }
 
 double WorkloadReport::model_tflops() const {
@@ -439,7 +267,7 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
                   {"mean", r.step_ms.mean},
                   {"count", r.step_ms.count}};
   j["host_enqueue_us"] = {{"median", r.host_enqueue_us.median}, {"p90", r.host_enqueue_us.p90}};
-  j["throughput"] = {{"tokens_per_s", r.tokens_per_s()},
+  j["throughput"] = {{r.unit + "_per_s", r.units_per_s()},
                      {"samples_per_s", median_s > 0 ? r.samples_per_step / median_s : 0.0}};
   j["model_tflops"] = r.model_tflops();
   j["flops_per_step"] = r.flops_per_step;
@@ -458,6 +286,16 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
   j["weights_hash"] = r.weights_hash ? ordered_json(*r.weights_hash) : ordered_json(nullptr);
   j["loss_floor"] = r.loss_floor && std::isfinite(*r.loss_floor) ? ordered_json(*r.loss_floor)
                                                                  : ordered_json(nullptr);
+  if (r.eval_metric.empty()) {
+    j["evaluation"] = nullptr;
+  } else {
+    ordered_json results = ordered_json::array();
+    for (const EvalResult& e : r.evals)
+      results.push_back({{"step", e.step},
+                         {"samples", e.samples},
+                         {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)}});
+    j["evaluation"] = {{"metric", r.eval_metric}, {"results", results}};
+  }
   return j;
 }
 
@@ -499,7 +337,7 @@ std::string summary(const WorkloadReport& r) {
       r.step_ms.median, r.step_ms.p10, r.step_ms.p90, r.step_ms.mean, r.step_ms.count);
   add("%-22s median %.1f us  p90 %.1f us\n", "host enqueue per step", r.host_enqueue_us.median,
       r.host_enqueue_us.p90);
-  add("%-22s %.0f tokens/s  %.3f samples/s\n", "throughput", r.tokens_per_s(),
+  add("%-22s %.0f %s/s  %.3f samples/s\n", "throughput", r.units_per_s(), r.unit.c_str(),
       r.step_ms.median > 0 ? r.samples_per_step / (r.step_ms.median * 1e-3) : 0.0);
   if (r.peak_tflops > 0)
     add("%-22s %.1f TFLOP/s  MFU %.1f%% of %.1f TFLOP/s measured bf16 GEMM peak\n", "model FLOPs",
@@ -518,6 +356,9 @@ std::string summary(const WorkloadReport& r) {
                                                      : "unknown",
         loss_hash(r.losses).c_str());
   add("%-22s %s\n", "weights hash", r.weights_hash ? r.weights_hash->c_str() : "-");
+  for (const EvalResult& e : r.evals)
+    add("%-22s %s %.6g after step %" PRId64 " (%" PRId64 " samples)\n", "evaluation",
+        r.eval_metric.c_str(), e.value, e.step, e.samples);
   add("%-22s %s\n", "tensor parallelism", r.tensor_parallel_collectives.c_str());
   return os.str();
 }

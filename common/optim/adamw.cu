@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <cuda_fp16.h>
+
 #include "common/check.h"
 #include "common/device_utils.cuh"  // PackF32
 
@@ -28,6 +30,31 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   v = c.beta2 * v + (1.0f - c.beta2) * g * g;
   const float denom = sqrtf(v) / c.sqrt_bc2 + c.eps;
   p -= c.step_size * (m / denom);
+}
+
+// The model copy of four updated weights at element i (aligned to four elements).
+__device__ __forceinline__ void store_model4(const AdamWTensor& t, int64_t i, const PackF32& p) {
+  if (t.model_dtype == static_cast<int32_t>(DType::kBF16)) {
+    alignas(8) __nv_bfloat16 w[4];
+    for (int k = 0; k < 4; ++k) w[k] = __float2bfloat16_rn(p.v[k]);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(t.model) + i) =
+        *reinterpret_cast<const uint2*>(w);
+  } else if (t.model_dtype == static_cast<int32_t>(DType::kFP16)) {
+    alignas(8) __half w[4];
+    for (int k = 0; k < 4; ++k) w[k] = __float2half_rn(p.v[k]);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(t.model) + i) = *reinterpret_cast<const uint2*>(w);
+  } else {
+    p.store(static_cast<float*>(t.model) + i);
+  }
+}
+
+__device__ __forceinline__ void store_model1(const AdamWTensor& t, int64_t j, float p) {
+  if (t.model_dtype == static_cast<int32_t>(DType::kBF16))
+    static_cast<__nv_bfloat16*>(t.model)[j] = __float2bfloat16_rn(p);
+  else if (t.model_dtype == static_cast<int32_t>(DType::kFP16))
+    static_cast<__half*>(t.model)[j] = __float2half_rn(p);
+  else
+    static_cast<float*>(t.model)[j] = p;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -60,11 +87,7 @@ __global__ void __launch_bounds__(kThreads)
       p.store(t.master + i);
       m.store(t.exp_avg + i);
       v.store(t.exp_avg_sq + i);
-      if (t.model != nullptr) {
-        alignas(8) __nv_bfloat16 w[4];
-        for (int k = 0; k < 4; ++k) w[k] = __float2bfloat16_rn(p.v[k]);
-        *reinterpret_cast<uint2*>(t.model + i) = *reinterpret_cast<const uint2*>(w);
-      }
+      if (t.model != nullptr) store_model4(t, i, p);
     } else {  // the last few elements of a tensor whose size is not a multiple of 4
       for (int64_t j = i; j < end; ++j) {
         float p = t.master[j], m = t.exp_avg[j], v = t.exp_avg_sq[j];
@@ -72,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
         t.master[j] = p;
         t.exp_avg[j] = m;
         t.exp_avg_sq[j] = v;
-        if (t.model != nullptr) t.model[j] = __float2bfloat16_rn(p);
+        if (t.model != nullptr) store_model1(t, j, p);
       }
     }
   }
@@ -84,15 +107,26 @@ bool aligned(const void* p, uintptr_t bytes) {
 
 }  // namespace
 
-void AdamWTableBuilder::add(float* master, __nv_bfloat16* model, const float* grad, float* exp_avg,
-                            float* exp_avg_sq, int64_t numel, bool weight_decay) {
+void AdamWTableBuilder::add(float* master, const TensorView& model, const float* grad,
+                            float* exp_avg, float* exp_avg_sq, int64_t numel, bool weight_decay) {
   REPLAY_REQUIRE(
       master != nullptr && grad != nullptr && exp_avg != nullptr && exp_avg_sq != nullptr,
       "AdamW tensor with a null fp32 pointer");
+  REPLAY_REQUIRE(model.dtype == DType::kBF16 || model.dtype == DType::kFP16 ||
+                     model.dtype == DType::kFP32,
+                 std::string("AdamW's model copy must be bf16, fp16 or fp32, got ") +
+                     dtype_name(model.dtype));
   REPLAY_REQUIRE(aligned(master, 16) && aligned(grad, 16) && aligned(exp_avg, 16) &&
-                     aligned(exp_avg_sq, 16) && aligned(model, 8),
-                 "AdamW tensors must be 16-byte aligned (the bf16 copy 8-byte aligned)");
-  builder_.add(AdamWTensor{master, model, grad, exp_avg, exp_avg_sq, numel, weight_decay ? 1 : 0});
+                     aligned(exp_avg_sq, 16) && aligned(model.data, 4 * dtype_size(model.dtype)),
+                 "AdamW tensors must be 16-byte aligned (the model copy to four of its elements)");
+  builder_.add(AdamWTensor{master, model.data, grad, exp_avg, exp_avg_sq, numel,
+                           weight_decay ? 1 : 0, static_cast<int32_t>(model.dtype)});
+}
+
+void AdamWTableBuilder::add(float* master, __nv_bfloat16* model, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, int64_t numel, bool weight_decay) {
+  add(master, TensorView(model, DType::kBF16, {numel}), grad, exp_avg, exp_avg_sq, numel,
+      weight_decay);
 }
 
 void adamw_step(const AdamWTable& table, const AdamWHyper& hyper, const float* lr,

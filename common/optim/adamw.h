@@ -10,19 +10,21 @@
 #include <cstdint>
 
 #include "common/optim/multi_tensor.h"
+#include "common/tensor.h"
 
 namespace replay {
 
-// One parameter tensor. fp32 pointers 16-byte aligned, the bf16 copy 8-byte aligned (Arena buffers
-// are).
+// One parameter tensor. fp32 pointers 16-byte aligned, the model copy aligned to four of its
+// elements (Arena buffers are).
 struct AdamWTensor {
   float* master;         // fp32 master weights, updated in place
-  __nv_bfloat16* model;  // bf16 copy of the updated weights the model computes with; may be null
+  void* model;           // the copy of the updated weights the model computes with; may be null
   const float* grad;     // fp32 gradient
   float* exp_avg;        // first moment
   float* exp_avg_sq;     // second moment
   int64_t numel;
   int32_t weight_decay;  // 1: apply weight decay (matrices), 0: not (biases, norms)
+  int32_t model_dtype;   // DType of `model`: kBF16, kFP16 or kFP32
 };
 
 using AdamWTable = MultiTensorTable<AdamWTensor>;
@@ -30,6 +32,10 @@ using AdamWTable = MultiTensorTable<AdamWTensor>;
 // Packs the table at set-up: add() every tensor, query device_bytes(), build() into that memory.
 class AdamWTableBuilder {
  public:
+  // `model`: bf16, fp16 or fp32 (the copy rounds to it), or null data for none.
+  void add(float* master, const TensorView& model, const float* grad, float* exp_avg,
+           float* exp_avg_sq, int64_t numel, bool weight_decay);
+  // The same with a bf16 copy (or null).
   void add(float* master, __nv_bfloat16* model, const float* grad, float* exp_avg,
            float* exp_avg_sq, int64_t numel, bool weight_decay);
   size_t device_bytes() const { return builder_.device_bytes(); }
@@ -53,7 +59,7 @@ struct AdamWHyper {
 //   param *= 1 - lr * weight_decay                      (where the tensor applies weight decay)
 //   m = beta1 * m + (1 - beta1) * g;   v = beta2 * v + (1 - beta2) * g^2
 //   param -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-//   model = bf16(param)
+//   model = bf16(param), fp16(param) or param, as the tensor's model_dtype says
 // lr: fp32 device scalar. step: int64 device scalar, already incremented for this step (t >= 1).
 // grad_scale: fp32 device scalar (clip coefficient times inverse loss scale), or null for 1.
 // noop: int32 device flag, or null; when non-zero the kernel returns without touching anything.

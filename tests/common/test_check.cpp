@@ -1,7 +1,11 @@
 // Error messages name the library, the status, the call, file:line and the rank.
 #include "common/check.h"
 
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn_graph.h>
 #include <gtest/gtest.h>
+#include <nccl.h>
 
 namespace replay {
 namespace {

@@ -3,11 +3,13 @@
 // bitwise-reproducible embedding backward and grad norm, an AdamW no-op that touches nothing,
 // vocab-parallel cross-entropy equal to the unsharded one.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -471,6 +473,56 @@ TEST(AdamWGpu, NoOpFlagLeavesEverythingBitwiseUnchanged) {
   for (size_t i = 0; i < before.second.size(); ++i)  // still the 0xFF poison: never written
     ASSERT_TRUE(bit_equal("bf16 copy " + std::to_string(i), before.second[i].data(),
                           after.second[i].data(), before.second[i].size() * 2));
+}
+
+// The model copy in fp16 and fp32 (UNet-style fp16 weights, fp32 models): the copy is exactly the
+// updated master weight rounded to its type, aligned and ragged tensors alike, and the master
+// weights follow the same update as with a bf16 copy.
+TEST(AdamWGpu, Fp16AndFp32ModelCopiesAreTheRoundedMasterWeights) {
+  const int64_t sizes[] = {1, 3, 4, 1000, 16387};
+  for (DType dtype : {DType::kFP16, DType::kFP32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> master, grad, m, v;
+    std::vector<std::unique_ptr<DeviceBuffer<char>>> model;
+    AdamWTableBuilder builder;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+      const int64_t n = sizes[i];
+      master.push_back(std::make_unique<DeviceBuffer<float>>(test::random_normal(n, 70 + i)));
+      grad.push_back(std::make_unique<DeviceBuffer<float>>(test::random_normal(n, 80 + i)));
+      m.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(n, 0.0f)));
+      v.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(n, 0.0f)));
+      model.push_back(std::make_unique<DeviceBuffer<char>>(static_cast<size_t>(n) * dtype_size(dtype)));
+      builder.add(master.back()->get(), TensorView(model.back()->get(), dtype, {n}), grad.back()->get(),
+                  m.back()->get(), v.back()->get(), n, i % 2 == 0);
+    }
+    DeviceBuffer<char> memory(builder.device_bytes());
+    const AdamWTable table = builder.build(memory.get(), memory.size(), kStream);
+    DeviceBuffer<float> lr(std::vector<float>{1e-2f});
+    DeviceBuffer<int64_t> step(std::vector<int64_t>{1});
+    adamw_step(table, AdamWHyper{}, lr.get(), step.get(), nullptr, nullptr, kStream);
+    for (size_t i = 0; i < master.size(); ++i) {
+      const std::vector<float> w = master[i]->download();
+      const std::vector<char> got = model[i]->download();
+      std::vector<char> expect(got.size());
+      for (size_t j = 0; j < w.size(); ++j) {
+        if (dtype == DType::kFP16) {
+          const __half h = __float2half_rn(w[j]);
+          std::memcpy(expect.data() + 2 * j, &h, 2);
+        } else {
+          std::memcpy(expect.data() + 4 * j, &w[j], 4);
+        }
+      }
+      ASSERT_TRUE(bit_equal("model copy of tensor " + std::to_string(i), got.data(), expect.data(),
+                            got.size()));
+    }
+  }
+  // A type the optimizer cannot write is refused at set-up.
+  DeviceBuffer<float> f(std::vector<float>(8, 0.0f));
+  DeviceBuffer<int32_t> bad(std::vector<int32_t>(8, 0));
+  AdamWTableBuilder builder;
+  EXPECT_THROW(builder.add(f.get(), TensorView(bad.get(), DType::kINT32, {8}), f.get(), f.get(),
+                           f.get(), 8, true),
+               Error);
 }
 
 // ---- grad norm -------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 // a moved argument is an error naming region and argument, and update() re-captures in place; shadow
 // verification passes on correct regions and catches a host value baked into a kernel at capture; a host
 // sync inside a region is refused with a clear message; per-graph statistics; the REPLAY_TRACE_ENQUEUE
-// report.
+// report; shape keys (a ladder of lengths): one graph per key, every key bit-identical to eager, and a
+// replay at a key other than the selected shape is an error.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -43,6 +44,11 @@ __global__ void sgd_kernel(float* w, const float* g, const float* lr, int64_t* s
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) w[i] -= *lr * g[i];
   if (i == 0) *step += 1;
+}
+
+__global__ void multiply_kernel(float* y, const float* x, const float* w, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * w[i];
 }
 
 __global__ void scale_kernel(float* y, const float* x, float factor, int n) {
@@ -291,6 +297,97 @@ TEST(StepPlan, HostSyncInsideARegionIsRefusedWithAClearMessage) {
   }
   EXPECT_FALSE(plan.prepared());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+
+// A step at two lengths (a ladder of 1024 and 4096 elements): y = x * w, then w -= lr * y over the
+// first n elements, n the selected rung's. The launches take n by value: each key's graph holds its own.
+struct Ladder {
+  static constexpr int kRungs[2] = {1024, kN};
+  DeviceBuffer<float> x{test::random_uniform(kN, 5)}, w{test::random_uniform(kN, 6)}, y{kN};
+  DeviceBuffer<float> lr{std::vector<float>{0.125f}};
+  DeviceBuffer<int64_t> step{std::vector<int64_t>{0}};
+  int n = kRungs[0];
+  std::unique_ptr<StepPlan> plan;
+
+  explicit Ladder(GraphMode mode) {
+    StepPlanOptions options(mode);
+    options.warmup_steps = 2;
+    plan = std::make_unique<StepPlan>("ladder", options);
+    plan->add_region({"layer0.fwd", RegionKind::kForwardLayer,
+                      [this](cudaStream_t s, const RegionArgs&) {
+                        multiply_kernel<<<(n + 255) / 256, 256, 0, s>>>(y.get(), x.get(), w.get(), n);
+                        REPLAY_LAUNCH_CHECK();
+                      },
+                      [this] {
+                        return RegionArgs()
+                            .read("x", TensorView(x.get(), DType::kFP32, {n}))
+                            .read("w", TensorView(w.get(), DType::kFP32, {n}))
+                            .write("y", TensorView(y.get(), DType::kFP32, {n}));
+                      }});
+    plan->add_region({"optimizer", RegionKind::kOther,
+                      [this](cudaStream_t s, const RegionArgs&) {
+                        sgd_kernel<<<(n + 255) / 256, 256, 0, s>>>(w.get(), y.get(), lr.get(), step.get(), n);
+                        REPLAY_LAUNCH_CHECK();
+                      },
+                      [this] {
+                        return RegionArgs()
+                            .read("y", TensorView(y.get(), DType::kFP32, {n}))
+                            .read_write("w", TensorView(w.get(), DType::kFP32, {kN}))
+                            .read_write("step", TensorView(step.get(), DType::kINT64, {1}));
+                      }});
+    plan->add_state("w", TensorView(w.get(), DType::kFP32, {kN}));
+    plan->add_state("step", TensorView(step.get(), DType::kINT64, {1}));
+    plan->set_shape_keys({"n1024", "n4096"}, [this](int key) { n = kRungs[key]; });
+  }
+};
+
+TEST(StepPlanShapeKeys, EveryKeyHasItsGraphsAndEveryModeIsBitIdentical) {
+  const int keys[] = {0, 1, 1, 0, 1, 0};
+  std::vector<float> eager;
+  for (GraphMode mode : {GraphMode::kNone, GraphMode::kLayer, GraphMode::kFull}) {
+    CaptureStream work;
+    Ladder ladder(mode);
+    for (int key : keys) {
+      ladder.n = Ladder::kRungs[key];  // the batch's rung, as a loader would select it
+      ladder.plan->run_step(work.get(), key);
+    }
+    const std::string m = graph_mode_name(mode);
+    EXPECT_EQ(ladder.step.download()[0], 6) << m << ": warm-up at every key leaked into the counter";
+    const std::vector<float> w = ladder.w.download();
+    if (mode == GraphMode::kNone) {
+      eager = w;
+      EXPECT_TRUE(ladder.plan->graph_stats().empty());
+      continue;
+    }
+    EXPECT_TRUE(test::bit_equal(m + " weights", eager.data(), w.data(), w.size() * 4));
+    const auto stats = ladder.plan->graph_stats();
+    ASSERT_EQ(stats.size(), 2u) << m;  // per key: layer0.fwd (layer), or the whole step (full)
+    const std::string text = ladder.plan->describe();
+    EXPECT_TRUE(has(text, "shape keys n1024 n4096")) << text;
+    EXPECT_TRUE(has(text, mode == GraphMode::kFull ? "ladder@n4096" : "layer0.fwd@n4096")) << text;
+  }
+  // The rungs differ: the weights moved over 4096 elements, not only the first 1024.
+  const std::vector<float> start = test::random_uniform(kN, 6);
+  EXPECT_NE(start[kN - 1], eager[kN - 1]);
+}
+
+TEST(StepPlanShapeKeys, AReplayAtAnotherKeyThanTheSelectedShapeIsAnError) {
+  CaptureStream work;
+  Ladder ladder(GraphMode::kLayer);
+  ladder.n = Ladder::kRungs[1];
+  ladder.plan->run_step(work.get(), 1);
+  try {
+    ladder.plan->run_step(work.get(), 0);  // the shape is still rung 1's
+    FAIL() << "replayed key 0's graph on rung 1's arguments";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "graph 'layer0.fwd@n1024'") && has(e.what(), "argument 'x'")) << e.what();
+  }
+  EXPECT_THROW(ladder.plan->run_step(work.get(), 2), Error);  // no such key
+  StepPlan twice("twice", StepPlanOptions(GraphMode::kNone));
+  EXPECT_THROW(twice.set_shape_keys({"a", "a"}, [](int) {}), Error);
+  EXPECT_THROW(twice.set_shape_keys({}, [](int) {}), Error);
+  ASSERT_EQ(cudaStreamSynchronize(work.get()), cudaSuccess);
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>  // the typed cudaMalloc DeviceBuffer uses
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -23,21 +23,22 @@ namespace replay::gpt3 {
 namespace {
 
 TEST(Gpt3Modes, LossesAndWeightsAreBitIdenticalAcrossModesAndTheLossFalls) {
-  test::expect_modes_bit_identical_and_loss_falls(workload(),
+  test::expect_modes_bit_identical_and_loss_falls(recipe(),
                                                   {"--steps", "12", "--dropout", "0.1"});
 }
 
 TEST(Gpt3Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(
-      workload(), {"--steps", "4", "--dropout", "0.1", "--microbatches", "2"}, &runs));
+      recipe(), {"--steps", "4", "--dropout", "0.1", "--microbatches", "2"}, &runs));
   EXPECT_EQ(runs.layer.report.graph_count, 8);
 }
 
 TEST(Gpt3Reference, OneStepMatchesTheCpuModel) {
-  const transformer::Settings s =
-      test::tiny_settings(workload(), {"--graphs", "none", "--dropout", "0", "--warmup", "0"});
-  const transformer::TransformerShape& sh = s.trainer.shape;
+  transformer::TransformerWorkload w(recipe());
+  const train::RunFlags f =
+      test::resolved(w, test::tiny_args({"--graphs", "none", "--dropout", "0", "--warmup", "0"}));
+  const transformer::TransformerShape& sh = w.shape();
   test::GptDims d;
   d.batch = sh.micro_batch, d.seq = sh.seq, d.hidden = sh.hidden, d.heads = sh.heads,
   d.head_dim = sh.head_dim;
@@ -55,15 +56,15 @@ TEST(Gpt3Reference, OneStepMatchesTheCpuModel) {
     *grads = std::move(g.t);
     return loss;
   };
-  test::expect_one_step_matches(s, ref);
+  test::expect_one_step_matches(w, f, ref);
 }
 
 TEST(Gpt3Binary, WritesTheJsonSummaryAndACompleteMllog) {
-  test::expect_summary_and_mllog(workload(), REPLAY_GPT3_BINARY, {});
+  test::expect_summary_and_mllog(recipe(), REPLAY_GPT3_BINARY, {});
 }
 
 TEST(Gpt3Mllog, TinyRunPassesTheComplianceChecker) {
-  test::expect_mllog_passes_checker(workload(), REPLAY_GPT3_BINARY, "shard_gpt3.yaml");
+  test::expect_mllog_passes_checker(recipe(), REPLAY_GPT3_BINARY, "shard_gpt3.yaml");
 }
 
 }  // namespace

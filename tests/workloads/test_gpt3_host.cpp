@@ -1,14 +1,16 @@
 // replay-gpt3 on the CPU: the command line (bad flags exit 2 with "replay-gpt3: <flag> ..." before
-// any GPU work, --help exits 0), preset resolution, MLPerf's schedule lengths, the shard shapes the
-// presets derive, and the parameter store's layout.
+// any GPU work, --help exits 0, --print-config prints the resolved shard), preset resolution,
+// MLPerf's schedule lengths and the schedule flags, the shard shapes the presets derive, and the
+// parameter store's layout.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "tests/workloads/workload_test_util.h"
+#include "train/driver.h"
+#include "train/params.h"
 #include "workloads/gpt3/gpt3.h"
-#include "workloads/transformer/params.h"
 
 namespace replay::gpt3 {
 namespace {
@@ -35,43 +37,87 @@ TEST(Gpt3Cli, BadFlagsExitTwoWithAClearMessage) {
   o = run_binary("--no-such-flag");
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_TRUE(has(o.output, "--no-such-flag")) << o.output;
+  o = run_binary("--dropout 1");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--dropout: must be below 1")) << o.output;
+  o = run_binary("--warmup-steps 100 --decay-steps 50");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "learning-rate schedule")) << o.output;
+  o = run_binary("--eval-interval 10");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--eval-interval")) << o.output;
   o = run_binary("--help");
   EXPECT_EQ(o.status, 0) << o.output;
-  EXPECT_TRUE(has(o.output, "--host-delay-us")) << o.output;
+  EXPECT_TRUE(has(o.output, "--host-delay-us") && has(o.output, "--layers")) << o.output;
 }
 
-bench::HarnessFlags flags(const std::vector<std::string>& args) {
-  return *bench::parse_flags("replay-gpt3", args, preset_names(workload()), "tiny");
+TEST(Gpt3Cli, PrintConfigGivesTheResolvedShardWithoutAGpu) {
+  const Outcome o = run_binary("--preset 175b-tp4 --seed 5 --lr 1e-4 --print-config");
+  ASSERT_EQ(o.status, 0) << o.output;
+  const nlohmann::json j = nlohmann::json::parse(o.output);
+  EXPECT_EQ(j["tool"], "replay-gpt3");
+  EXPECT_EQ(j["preset"], "175b-tp4");
+  const nlohmann::json& c = j["config"];
+  EXPECT_EQ(c["hidden"], 12288);
+  EXPECT_EQ(c["heads"], 24);
+  EXPECT_EQ(c["ffn"], 12288);
+  EXPECT_EQ(c["vocab"], 50688);
+  EXPECT_EQ(c["vocab_shard"], 12672);
+  EXPECT_EQ(c["tp"], 4);
+  EXPECT_EQ(c["layers"], 0) << "from the memory budget, at run time";
+  EXPECT_EQ(c["model"]["layers"], 96);
+  EXPECT_EQ(c["model"]["data_vocab"], 50257);
+  EXPECT_EQ(c["model"]["norm"], "layernorm");
+  EXPECT_EQ(c["seed"], 5);
+  EXPECT_EQ(c["steps"], 50);
+  EXPECT_DOUBLE_EQ(j["training"]["schedule"]["lr"].get<double>(), 1e-4);
+  EXPECT_EQ(j["training"]["schedule"]["warmup_steps"], 407040);
+  EXPECT_TRUE(j["training"]["loss_scaling"].is_null());
 }
 
 TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
-  const transformer::Settings s = resolve(workload(), flags({}));
-  EXPECT_EQ(s.preset.name, "tiny");
-  EXPECT_EQ(s.flags.steps, 20);
-  EXPECT_EQ(s.flags.layers, 2);
-  EXPECT_EQ(s.flags.dropout, 0.0);
-  EXPECT_NE(s.flags.seed, 0u) << "seed 0 is drawn from the clock";
-  EXPECT_EQ(s.trainer.mode, graphs::GraphMode::kFull);
-  EXPECT_EQ(s.trainer.shape.layers, 2);
+  transformer::TransformerWorkload w(recipe());
+  const train::RunFlags f = test::resolved(w, {});
+  EXPECT_EQ(f.preset, "tiny");
+  EXPECT_EQ(f.steps, 20);
+  EXPECT_NE(f.seed, 0u) << "seed 0 is drawn from the clock";
+  EXPECT_EQ(f.graphs, "full");
+  EXPECT_EQ(w.shape().layers, 2);
+  EXPECT_EQ(w.shape().dropout, 0.0f);
 
-  const transformer::Settings t =
-      resolve(workload(), flags({"--preset", "175b-tp4", "--graphs", "layer", "--dropout", "0.1",
-                                 "--seed", "9", "--microbatches", "2"}));
-  EXPECT_EQ(t.trainer.shape.layers, 0) << "175B layers come from the memory budget";
-  EXPECT_FLOAT_EQ(t.trainer.shape.dropout, 0.1f);
-  EXPECT_EQ(t.trainer.seed, 9u);
-  EXPECT_EQ(t.trainer.microbatches, 2);
-  EXPECT_EQ(t.trainer.mode, graphs::GraphMode::kLayer);
-  EXPECT_EQ(t.trainer.optimizer.schedule.warmup_steps, 265 * 1536 / 2);
-  EXPECT_EQ(
-      resolve(workload(), flags({"--preset", "175b-tp4", "--layers", "12"})).trainer.shape.layers,
-      12);
-  EXPECT_THROW(resolve(workload(), flags({"--preset", "175b-tp8", "--layers", "97"})),
-               bench::UsageError);
+  transformer::TransformerWorkload t(recipe());
+  const train::RunFlags g = test::resolved(t, {"--preset", "175b-tp4", "--graphs", "layer",
+                                               "--dropout", "0.1", "--seed", "9",
+                                               "--microbatches", "2"});
+  EXPECT_EQ(t.shape().layers, 0) << "175B layers come from the memory budget";
+  EXPECT_FLOAT_EQ(t.shape().dropout, 0.1f);
+  EXPECT_EQ(g.seed, 9u);
+  EXPECT_EQ(t.microbatches(), 2);
+  EXPECT_EQ(g.graphs, "layer");
+  EXPECT_EQ(train::training_config(t, g).schedule.warmup_steps, 265 * 1536 / 2);
+  EXPECT_DOUBLE_EQ(t.config()["dropout"].get<double>(), 0.1);
+
+  transformer::TransformerWorkload u(recipe());
+  test::resolved(u, {"--preset", "175b-tp4", "--layers", "12"});
+  EXPECT_EQ(u.shape().layers, 12);
+  transformer::TransformerWorkload v(recipe());
+  EXPECT_THROW(test::resolved(v, {"--preset", "175b-tp8", "--layers", "97"}), bench::UsageError);
+}
+
+TEST(Gpt3Settings, ScheduleFlagsOverrideThePreset) {
+  transformer::TransformerWorkload w(recipe());
+  const train::RunFlags f = test::resolved(
+      w, {"--lr", "1e-3", "--min-lr", "1e-4", "--warmup-steps", "2", "--decay-steps", "1000"});
+  const train::TrainingConfig t = train::training_config(w, f);
+  EXPECT_FLOAT_EQ(t.schedule.base_lr, 1e-3f);
+  EXPECT_FLOAT_EQ(t.schedule.min_lr, 1e-4f);
+  EXPECT_EQ(t.schedule.warmup_steps, 2);
+  EXPECT_EQ(t.schedule.total_steps, 1000);
+  EXPECT_FLOAT_EQ(t.adam.beta2, 0.95f) << "the rest stays MLPerf's";
 }
 
 TEST(Gpt3Settings, MlperfSchedule) {
-  const transformer::OptimizerConfig gbs1536 = mlperf_optimizer(1536);
+  const train::TrainingConfig gbs1536 = mlperf_training(1536);
   EXPECT_EQ(gbs1536.schedule.warmup_steps, 265);
   EXPECT_EQ(gbs1536.schedule.total_steps, 108600);  // 166,809,600 samples
   EXPECT_FLOAT_EQ(gbs1536.schedule.base_lr, 2e-5f);
@@ -79,12 +125,17 @@ TEST(Gpt3Settings, MlperfSchedule) {
   EXPECT_FLOAT_EQ(gbs1536.adam.beta2, 0.95f);
   EXPECT_FLOAT_EQ(gbs1536.adam.weight_decay, 0.1f);
   EXPECT_FLOAT_EQ(gbs1536.clip_norm, 1.0f);
-  EXPECT_EQ(mlperf_optimizer(1).schedule.warmup_steps, 407040);
-  EXPECT_EQ(mlperf_optimizer(1000).schedule.warmup_steps, 408);  // ceil(407040 / 1000)
+  EXPECT_EQ(mlperf_training(1).schedule.warmup_steps, 407040);
+  EXPECT_EQ(mlperf_training(1000).schedule.warmup_steps, 408);  // ceil(407040 / 1000)
 }
 
 TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
-  const transformer::TransformerShape tp4 = preset(workload(), "175b-tp4").shape;
+  auto preset = [](const std::string& name) {
+    for (const transformer::Preset& p : recipe().presets)
+      if (p.info.name == name) return p.shape;
+    throw Error("test", "no preset", name);
+  };
+  const transformer::TransformerShape tp4 = preset("175b-tp4");
   EXPECT_EQ(tp4.padded_vocab(), 50688);  // 50257 up to a multiple of 128 x 4
   EXPECT_EQ(tp4.vocab_shard(), 12672);
   EXPECT_EQ(tp4.heads_shard(), 24);
@@ -92,12 +143,12 @@ TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
   EXPECT_EQ(tp4.qkv_width(), 9216);  // QKV GEMM 2048x12288 by 12288x9216
   EXPECT_EQ(tp4.ffn_shard(), 12288);
   EXPECT_EQ(tp4.tokens(), 2048);
-  const transformer::TransformerShape tp8 = preset(workload(), "175b-tp8").shape;
+  const transformer::TransformerShape tp8 = preset("175b-tp8");
   EXPECT_EQ(tp8.padded_vocab(), 51200);
   EXPECT_EQ(tp8.vocab_shard(), 6400);
   EXPECT_EQ(tp8.heads_shard(), 12);
   EXPECT_EQ(tp8.ffn_shard(), 6144);
-  const transformer::TransformerShape tiny = preset(workload(), "tiny").shape;
+  const transformer::TransformerShape tiny = preset("tiny");
   EXPECT_EQ(tiny.padded_vocab(), 512);
   EXPECT_NO_THROW(tiny.validate());
   transformer::TransformerShape bad = tp4;
@@ -107,10 +158,10 @@ TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
 }
 
 TEST(ParamStoreLayout, AlignedOffsetsAndRanges) {
-  transformer::ParamStore store;
-  const auto a = store.add({"a", {3, 5}, transformer::ParamInit::kNormal, 0.02f, true});
-  const auto b = store.add({"b", {7}, transformer::ParamInit::kZeros, 0.0f, false});
-  const auto c = store.add({"c", {128, 2}, transformer::ParamInit::kOnes, 0.0f, false});
+  train::ParamStore store;
+  const auto a = store.add({"a", {3, 5}, train::ParamInit::kNormal, 0.02f, true});
+  const auto b = store.add({"b", {7}, train::ParamInit::kZeros, 0.0f, false});
+  const auto c = store.add({"c", {128, 2}, train::ParamInit::kOnes, 0.0f, false});
   EXPECT_EQ(store.offset(a), 0);
   EXPECT_EQ(store.offset(b), 128);
   EXPECT_EQ(store.offset(c), 256);
@@ -118,6 +169,9 @@ TEST(ParamStoreLayout, AlignedOffsetsAndRanges) {
   EXPECT_EQ(store.buffer_numel(), 512);
   EXPECT_EQ(store.numel(c), 256);
   EXPECT_EQ(store.spec(b).name, "b");
+  EXPECT_EQ(store.weight_dtype(), DType::kBF16);
+  EXPECT_EQ(train::ParamStore(DType::kFP16).weight_dtype(), DType::kFP16);
+  EXPECT_THROW(train::ParamStore(DType::kINT32), Error);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// replay-gpt3 --inject on the GPU: each planted fault (workloads/transformer/faults.h) in the
+// replay-gpt3 --inject on the GPU: each planted fault (graphs/faults.h) in the
 // tiny preset's first layer forward is detected by the graph layer's own diagnostics and named,
 // and the run ends through replay::Error (exit 1, "replay-gpt3: ..."), never a crash or a hang:
 // - capture refusals (host-sync-in-capture, malloc-in-capture, unjoined-stream): the fault class,

@@ -1,4 +1,4 @@
-// --inject on the CPU: the shared flag accepts every fault the transformer hook plants, and
+// --inject on the CPU: the protocol flag accepts every fault of the graph layer's catalogue, and
 // `--inject help` or an unknown fault is a usage error (exit 2 from replay-gpt3) listing every
 // fault, before any GPU work.
 #include <gtest/gtest.h>
@@ -6,37 +6,44 @@
 #include <string>
 
 #include "common/bench/harness.h"
+#include "graphs/faults.h"
 #include "tests/workloads/workload_test_util.h"
-#include "workloads/transformer/faults.h"
+#include "train/flags.h"
 
 namespace replay::gpt3 {
 namespace {
 
 using test::has;
 
+std::optional<train::RunFlags> parse(const std::vector<std::string>& args) {
+  return train::parse_flags("t", {"tiny"}, "tiny", nullptr, args);
+}
+
 TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
-  ASSERT_EQ(bench::injectable_faults().size(), 7u);
-  for (const bench::FaultInfo& f : bench::injectable_faults()) {
-    const auto flags = bench::parse_flags("t", {"--inject", f.name}, {"tiny"}, "tiny");
+  ASSERT_EQ(graphs::fault_catalogue().size(), 7u);
+  for (const graphs::FaultInfo& f : graphs::fault_catalogue()) {
+    const auto flags = parse({"--inject", f.name});
     ASSERT_TRUE(flags.has_value());
     EXPECT_EQ(flags->inject, f.name);
-    EXPECT_NE(transformer::parse_fault(f.name), transformer::Fault::kNone) << f.name;
-    EXPECT_TRUE(has(bench::describe(*flags), std::string("# inject: ") + f.name));
+    EXPECT_EQ(graphs::parse_fault(f.name), f.fault) << f.name;
+    EXPECT_NE(f.fault, graphs::Fault::kNone) << f.name;
+    EXPECT_STREQ(graphs::fault_name(f.fault), f.name);
+    EXPECT_TRUE(has(train::describe(*flags), std::string("# inject: ") + f.name));
   }
-  EXPECT_EQ(transformer::parse_fault(""), transformer::Fault::kNone);
-  EXPECT_THROW(transformer::parse_fault("no-such-fault"), Error);
+  EXPECT_EQ(graphs::parse_fault(""), graphs::Fault::kNone);
+  EXPECT_THROW(graphs::parse_fault("no-such-fault"), Error);
 }
 
 TEST(InjectFlag, UnknownFaultAndHelpAreUsageErrorsListingTheFaults) {
   for (const char* bad : {"no-such-fault", "help"}) {
     SCOPED_TRACE(bad);
     try {
-      bench::parse_flags("t", {"--inject", bad}, {"tiny"}, "tiny");
+      parse({"--inject", bad});
       ADD_FAILURE() << "no UsageError";
     } catch (const bench::UsageError& e) {
       const std::string msg = e.what();
       EXPECT_TRUE(has(msg, "--inject")) << msg;
-      for (const bench::FaultInfo& f : bench::injectable_faults())
+      for (const graphs::FaultInfo& f : graphs::fault_catalogue())
         EXPECT_TRUE(has(msg, f.name)) << msg;
     }
   }

@@ -24,21 +24,21 @@ namespace replay::llama31 {
 namespace {
 
 TEST(Llama31Modes, LossesAndWeightsAreBitIdenticalAcrossModesAndTheLossFalls) {
-  test::expect_modes_bit_identical_and_loss_falls(workload(), {"--steps", "12"});
+  test::expect_modes_bit_identical_and_loss_falls(recipe(), {"--steps", "12"});
 }
 
 TEST(Llama31Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(
-      workload(), {"--steps", "4", "--microbatches", "2"}, &runs));
+      recipe(), {"--steps", "4", "--microbatches", "2"}, &runs));
   EXPECT_EQ(runs.layer.report.graph_count, 8);
   EXPECT_EQ(runs.full.report.graph_count, 1);  // both micro-batches and the optimizer in one graph
 }
 
 TEST(Llama31Reference, OneStepMatchesTheCpuModel) {
-  const transformer::Settings s =
-      test::tiny_settings(workload(), {"--graphs", "none", "--warmup", "0"});
-  const transformer::TransformerShape& sh = s.trainer.shape;
+  transformer::TransformerWorkload w(recipe());
+  const train::RunFlags f = test::resolved(w, test::tiny_args({"--graphs", "none", "--warmup", "0"}));
+  const transformer::TransformerShape& sh = w.shape();
   test::LlamaDims d;
   d.batch = sh.micro_batch, d.seq = sh.seq, d.hidden = sh.hidden, d.heads = sh.heads;
   d.heads_kv = sh.kv_heads(), d.head_dim = sh.head_dim, d.ffn = sh.ffn;
@@ -57,18 +57,18 @@ TEST(Llama31Reference, OneStepMatchesTheCpuModel) {
     *grads = std::move(g.t);
     return loss;
   };
-  test::expect_one_step_matches(s, ref);
+  test::expect_one_step_matches(w, f, ref);
 }
 
 TEST(Llama31Binary, WritesTheJsonSummaryAndACompleteMllog) {
-  test::expect_summary_and_mllog(workload(), REPLAY_LLAMA31_BINARY, [](const nlohmann::json& j) {
+  test::expect_summary_and_mllog(recipe(), REPLAY_LLAMA31_BINARY, [](const nlohmann::json& j) {
     EXPECT_EQ(j["config"]["heads"], 2);
     EXPECT_EQ(j["config"]["kv_heads"], 1);
   });
 }
 
 TEST(Llama31Mllog, TinyRunPassesTheComplianceChecker) {
-  test::expect_mllog_passes_checker(workload(), REPLAY_LLAMA31_BINARY, "shard_llama31_405b.yaml");
+  test::expect_mllog_passes_checker(recipe(), REPLAY_LLAMA31_BINARY, "shard_llama31_405b.yaml");
 }
 
 }  // namespace

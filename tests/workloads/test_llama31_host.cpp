@@ -1,13 +1,14 @@
 // replay-llama31 on the CPU: the command line (bad flags exit 2 before any GPU work, --help exits
 // 0), preset resolution, MLPerf's Llama 3.1 hyperparameters and schedule, and the per-GPU shard
-// shapes the 405B presets derive (reference/workloads.md: at TP8 QKV 16384 x 2304, output
-// 2048 x 16384, gate+up 16384 x 13312, FC2 6656 x 16384, vocabulary 4000 per GPU).
+// shapes the 405B presets derive (NVIDIA's layout at TP8: QKV 16384 x 2304, output 2048 x 16384,
+// gate+up 16384 x 13312, FC2 6656 x 16384, vocabulary 4000 per GPU).
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "tests/workloads/workload_test_util.h"
+#include "train/driver.h"
 #include "workloads/llama31/llama31.h"
 
 namespace replay::llama31 {
@@ -22,9 +23,10 @@ Outcome run_binary(const std::string& args) {
   return test::shell(std::string("'") + REPLAY_LLAMA31_BINARY + "' " + args);
 }
 
-transformer::Settings resolve_args(const std::vector<std::string>& args) {
-  return resolve(workload(),
-                 *bench::parse_flags("replay-llama31", args, preset_names(workload()), "tiny"));
+TransformerShape preset(const std::string& name) {
+  for (const transformer::Preset& p : recipe().presets)
+    if (p.info.name == name) return p.shape;
+  throw Error("test", "no preset", name);
 }
 
 TEST(Llama31Cli, BadFlagsExitTwoAndHelpExitsZero) {
@@ -40,7 +42,7 @@ TEST(Llama31Cli, BadFlagsExitTwoAndHelpExitsZero) {
 }
 
 TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
-  TransformerShape s = preset(workload(), "405b-tp8").shape;
+  TransformerShape s = preset("405b-tp8");
   EXPECT_EQ(s.layers, 0) << "the 405B presets take their layer count from the memory budget";
   s.layers = 1;
   EXPECT_NO_THROW(s.validate());
@@ -69,7 +71,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
   EXPECT_NEAR(static_cast<double>(per_layer) / 1e6, 398.0, 1.0);
   EXPECT_TRUE(has(s.describe(), "kv heads 8 (1 per GPU)")) << s.describe();
 
-  TransformerShape t4 = preset(workload(), "405b-tp4").shape;
+  TransformerShape t4 = preset("405b-tp4");
   t4.layers = 1;
   EXPECT_NO_THROW(t4.validate());
   EXPECT_EQ(t4.heads_shard(), 32);
@@ -78,7 +80,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
   EXPECT_EQ(t4.fc1_width(), 2 * 13312);
   EXPECT_EQ(t4.vocab_shard(), 8000);
 
-  const TransformerShape tiny = preset(workload(), "tiny").shape;
+  const TransformerShape tiny = preset("tiny");
   EXPECT_NO_THROW(tiny.validate());
   EXPECT_EQ(tiny.heads_shard(), 2);
   EXPECT_EQ(tiny.kv_heads_shard(), 1);
@@ -87,7 +89,7 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
 }
 
 TEST(Llama31Presets, GqaNeedsKvHeadsThatDivideTheQueryHeadsAndTp) {
-  TransformerShape s = preset(workload(), "405b-tp8").shape;
+  TransformerShape s = preset("405b-tp8");
   s.layers = 1;
   s.heads_kv = 3;
   EXPECT_THROW(s.validate(), Error);
@@ -98,7 +100,7 @@ TEST(Llama31Presets, GqaNeedsKvHeadsThatDivideTheQueryHeadsAndTp) {
 }
 
 TEST(Llama31Settings, MlperfOptimizerAndSchedule) {
-  const transformer::OptimizerConfig o = mlperf_optimizer(1152);
+  const train::TrainingConfig o = mlperf_training(1152);
   EXPECT_FLOAT_EQ(o.adam.beta1, 0.9f);
   EXPECT_FLOAT_EQ(o.adam.beta2, 0.95f);
   EXPECT_FLOAT_EQ(o.adam.eps, 1e-5f);
@@ -106,28 +108,32 @@ TEST(Llama31Settings, MlperfOptimizerAndSchedule) {
   EXPECT_FLOAT_EQ(o.clip_norm, 1.0f);
   EXPECT_FLOAT_EQ(o.schedule.base_lr, 8e-5f);
   EXPECT_FLOAT_EQ(o.schedule.min_lr, 8e-7f);
-  EXPECT_EQ(o.schedule.kind, graphs::LrKind::kWarmupCosine);
+  EXPECT_EQ(o.schedule.kind, train::LrKind::kWarmupCosine);
   EXPECT_EQ(o.schedule.warmup_steps, 8000);
   EXPECT_EQ(o.schedule.total_steps, 1200000);
   // The learning rate scales with the global batch; the step counts shrink with it (rounded up).
-  const transformer::OptimizerConfig small = mlperf_optimizer(4);
+  const train::TrainingConfig small = mlperf_training(4);
   EXPECT_FLOAT_EQ(small.schedule.base_lr, static_cast<float>(8e-5 * 4 / 1152));
   EXPECT_EQ(small.schedule.warmup_steps, 8000 * 288);
-  EXPECT_EQ(mlperf_optimizer(1000).schedule.warmup_steps, (8000 * 1152 + 999) / 1000);
+  EXPECT_EQ(mlperf_training(1000).schedule.warmup_steps, (8000 * 1152 + 999) / 1000);
 }
 
 TEST(Llama31Settings, ResolveFillsThePresetAndTheMicroBatches) {
-  const transformer::Settings s =
-      resolve_args({"--preset", "405b-tp8", "--microbatches", "4", "--seed", "5"});
-  EXPECT_EQ(s.trainer.shape.layers, 0) << "the layer count comes from the memory budget";
-  EXPECT_EQ(s.trainer.microbatches, 4);
-  EXPECT_EQ(s.flags.seed, 5u);
-  EXPECT_FLOAT_EQ(s.trainer.optimizer.schedule.base_lr, static_cast<float>(8e-5 * 4 / 1152));
-  const transformer::Settings t =
-      resolve_args({"--preset", "tiny", "--layers", "3", "--graphs", "full"});
-  EXPECT_EQ(t.trainer.shape.layers, 3);
-  EXPECT_EQ(t.trainer.mode, graphs::GraphMode::kFull);
-  EXPECT_THROW(resolve_args({"--preset", "tiny", "--layers", "127"}), bench::UsageError);
+  transformer::TransformerWorkload w(recipe());
+  const train::RunFlags f =
+      test::resolved(w, {"--preset", "405b-tp8", "--microbatches", "4", "--seed", "5"});
+  EXPECT_EQ(w.shape().layers, 0) << "the layer count comes from the memory budget";
+  EXPECT_EQ(w.microbatches(), 4);
+  EXPECT_EQ(f.seed, 5u);
+  EXPECT_FLOAT_EQ(train::training_config(w, f).schedule.base_lr,
+                  static_cast<float>(8e-5 * 4 / 1152));
+  EXPECT_EQ(w.config()["kv_heads"], 1);
+  transformer::TransformerWorkload t(recipe());
+  const train::RunFlags g = test::resolved(t, {"--preset", "tiny", "--layers", "3", "--graphs", "full"});
+  EXPECT_EQ(t.shape().layers, 3);
+  EXPECT_EQ(g.graphs, "full");
+  transformer::TransformerWorkload u(recipe());
+  EXPECT_THROW(test::resolved(u, {"--preset", "tiny", "--layers", "127"}), bench::UsageError);
 }
 
 }  // namespace

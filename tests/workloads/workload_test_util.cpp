@@ -11,15 +11,12 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "common/data/batch_stream.h"
-#include "common/data/token_file.h"
 #include "tests/support/compare.h"
+#include "train/trainer.h"
 
 namespace replay::test {
 
-using transformer::RunResult;
-using transformer::Settings;
-using transformer::Workload;
+using train::RunResult;
 
 bool has(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
@@ -35,27 +32,27 @@ Outcome shell(const std::string& cmd) {
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, out};
 }
 
-Settings tiny_settings(const Workload& w, const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"--preset", "tiny", "--seed", "4242", "--log-interval", "4"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  Settings s = resolve(w, *bench::parse_flags(w.tool, args, preset_names(w), "tiny"));
-  graphs::LrSchedule& sc = s.trainer.optimizer.schedule;
-  sc.base_lr = 1e-3f;
-  sc.min_lr = 1e-4f;
-  sc.warmup_steps = 2;
-  sc.total_steps = 1000;
-  s.trainer.measure_peak = false;  // the binary's test measures it; here it would only cost time
-  return s;
+train::RunFlags resolved(train::Workload& w, const std::vector<std::string>& args) {
+  const std::optional<train::RunFlags> f = train::parse(w, args);
+  if (!f) throw Error("test", "help", "--help was asked for");
+  return train::resolve(w, *f);
 }
 
-namespace {
-
-RunResult run_mode(const Workload& w, const std::string& mode,
-                   const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"--graphs", mode, "--warmup", "2"};
-  if (mode != "none") args.push_back("--verify-graphs");
+std::vector<std::string> tiny_args(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--preset",       "tiny", "--seed",   "4242", "--log-interval",
+                                   "4",              "--lr", "1e-3",     "--min-lr",
+                                   "1e-4",           "--warmup-steps",   "2",
+                                   "--decay-steps", "1000"};
   args.insert(args.end(), extra.begin(), extra.end());
-  return run(w, tiny_settings(w, args), stdout);
+  return args;
+}
+
+RunResult run_tiny(const transformer::Recipe& r, const std::vector<std::string>& extra) {
+  transformer::TransformerWorkload w(r);
+  const train::RunFlags f = resolved(w, tiny_args(extra));
+  train::RunOptions options;
+  options.measure_peak = false;  // the binary's test measures it; here it would only cost time
+  return train::run(w, f, stdout, options);
 }
 
 void expect_identical(const RunResult& a, const RunResult& b, const std::string& what) {
@@ -65,6 +62,16 @@ void expect_identical(const RunResult& a, const RunResult& b, const std::string&
   EXPECT_TRUE(bit_equal(what + " losses", la.data(), lb.data(), la.size() * sizeof(float)));
   EXPECT_EQ(*a.report.weights_hash, *b.report.weights_hash) << what << ": bf16 weights differ";
   EXPECT_EQ(a.master_hash, b.master_hash) << what << ": fp32 master weights differ";
+}
+
+namespace {
+
+RunResult run_mode(const transformer::Recipe& r, const std::string& mode,
+                   const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--graphs", mode, "--warmup", "2"};
+  if (mode != "none") args.push_back("--verify-graphs");
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_tiny(r, args);
 }
 
 template <typename T>
@@ -94,8 +101,8 @@ std::vector<T> download(const void* device, size_t count) {
          << got[at] << " ref " << ref[at] << " (|ref| = " << std::sqrt(norm) << ")";
 }
 
-std::string temp_path(const Workload& w, const std::string& tag) {
-  return ::testing::TempDir() + w.name + "_" + tag + "_" + std::to_string(::getpid());
+std::string temp_path(const transformer::Recipe& r, const std::string& tag) {
+  return ::testing::TempDir() + r.info.name + "_" + tag + "_" + std::to_string(::getpid());
 }
 
 // A tiny run of the binary with a JSON summary and an mllog file.
@@ -106,7 +113,7 @@ Outcome run_binary(const std::string& binary, const std::string& json, const std
 
 }  // namespace
 
-void expect_modes_bit_identical_and_loss_falls(const Workload& w,
+void expect_modes_bit_identical_and_loss_falls(const transformer::Recipe& w,
                                                const std::vector<std::string>& args) {
   const RunResult none = run_mode(w, "none", args);
   const auto& losses = none.report.losses;
@@ -128,8 +135,8 @@ void expect_modes_bit_identical_and_loss_falls(const Workload& w,
   EXPECT_GT(full.report.graph_nodes, layer.report.graph_nodes);
 }
 
-void expect_accumulation_bit_identical(const Workload& w, const std::vector<std::string>& args,
-                                       ModeRuns* runs) {
+void expect_accumulation_bit_identical(const transformer::Recipe& w,
+                                       const std::vector<std::string>& args, ModeRuns* runs) {
   runs->none = run_mode(w, "none", args);
   for (float l : runs->none.report.losses) ASSERT_TRUE(std::isfinite(l));
   runs->full = run_mode(w, "full", args);
@@ -138,29 +145,34 @@ void expect_accumulation_bit_identical(const Workload& w, const std::vector<std:
   expect_identical(runs->none, runs->layer, "layer vs none, 2 micro-batches");
 }
 
-void expect_one_step_matches(const Settings& s, const ReferenceModel& ref) {
+void expect_one_step_matches(transformer::TransformerWorkload& w, const train::RunFlags& f,
+                             const ReferenceModel& ref) {
   Context ctx;
-  GemmCache gemms(ctx);
-  AttentionCache attention;
-  transformer::Trainer trainer(ctx, s.trainer, gemms, attention);
+  w.open_data(f, stdout);
+  const train::TrainingConfig training = train::training_config(w, f);
+  std::unique_ptr<transformer::TransformerModel> model = w.build_model(ctx, training, f.seed, stdout);
+  train::TrainerOptions options;
+  options.mode = graphs::GraphMode::kNone;
+  options.warmup = 0;
+  options.seed = f.seed;
+  options.measure_peak = false;
+  train::Trainer trainer(ctx, *model, training, options);
   trainer.allocate();
-  const transformer::TransformerShape& sh = s.trainer.shape;
-  data::BatchStream batches(data::TokenFile(data::ensure_dataset(transformer::dataset_params(sh)),
-                                            {sh.micro_batch, sh.seq, sh.padded_vocab()}),
-                            data::StreamOptions{});
+  const transformer::Transformer& m = model->transformer();
+  const transformer::TransformerShape& sh = m.shape();
 
-  const transformer::ParamStore& ps = trainer.model().params();
+  const train::ParamStore& ps = model->params();
   const auto weights =
       download<__nv_bfloat16>(ps.weights().data, static_cast<size_t>(ps.buffer_numel()));
-  trainer.load_batch(batches);
+  trainer.prepare();  // loads the first batch
   trainer.step();
   const bench::StepSample gpu = trainer.read(0);
   ASSERT_EQ(cudaStreamSynchronize(trainer.stream()), cudaSuccess);
   const auto M = static_cast<size_t>(sh.tokens());
-  const auto tokens = download<int32_t>(trainer.model().tokens(0), M);
-  const auto targets = download<int32_t>(trainer.model().targets(0), M);
+  const auto tokens = download<int32_t>(m.tokens(0), M);
+  const auto targets = download<int32_t>(m.targets(0), M);
   const auto grads = download<float>(ps.grads().data, static_cast<size_t>(ps.buffer_numel()));
-  const auto dx0_gpu = download<__nv_bfloat16>(trainer.model().residual_grad().data, M * sh.hidden);
+  const auto dx0_gpu = download<__nv_bfloat16>(m.residual_grad().data, M * sh.hidden);
 
   ASSERT_EQ(ps.count(), ref.count);
   std::vector<std::vector<double>> p;
@@ -189,7 +201,7 @@ void expect_one_step_matches(const Settings& s, const ReferenceModel& ref) {
   EXPECT_TRUE(close_l2("embedding-output gradient", dx0_got, dx0, 3e-2));
 }
 
-void expect_summary_and_mllog(const Workload& w, const std::string& binary,
+void expect_summary_and_mllog(const transformer::Recipe& w, const std::string& binary,
                               const std::function<void(const nlohmann::json& j)>& check_config) {
   const std::string json = temp_path(w, "summary.json"), mllog = temp_path(w, "run.mllog");
   const Outcome o = run_binary(binary, json, mllog);
@@ -197,8 +209,8 @@ void expect_summary_and_mllog(const Workload& w, const std::string& binary,
   EXPECT_TRUE(has(o.output, "step      4/5")) << o.output;
   std::ifstream in(json);
   const nlohmann::json j = nlohmann::json::parse(in);
-  EXPECT_EQ(j["tool"], w.tool);
-  EXPECT_EQ(j["workload"], w.name);
+  EXPECT_EQ(j["tool"], w.info.tool);
+  EXPECT_EQ(j["workload"], w.info.name);
   EXPECT_EQ(j["preset"], "tiny");
   EXPECT_EQ(j["graphs"], "layer");
   EXPECT_EQ(j["config"]["layers"], 2);
@@ -233,7 +245,7 @@ void expect_summary_and_mllog(const Workload& w, const std::string& binary,
   std::remove(mllog.c_str());
 }
 
-void expect_mllog_passes_checker(const Workload& w, const std::string& binary,
+void expect_mllog_passes_checker(const transformer::Recipe& w, const std::string& binary,
                                  const std::string& yaml) {
   const std::string json = temp_path(w, "checked.json"), mllog = temp_path(w, "checked.mllog");
   const Outcome o = run_binary(binary, json, mllog);

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "train/driver.h"
 #include "workloads/transformer/workload.h"
 
 namespace replay::test {
@@ -24,23 +25,31 @@ struct Outcome {
 // Runs `cmd` through the shell with stderr folded into stdout.
 Outcome shell(const std::string& cmd);
 
+// The workload's flags parsed and resolved, as its binary would (driver.h parse and resolve).
+train::RunFlags resolved(train::Workload& w, const std::vector<std::string>& args);
+
 // The tiny preset with `extra` flags, seed 4242 and a learning rate that moves the tiny model
-// within a few steps (MLPerf's schedules would leave the loss flat); no peak measurement.
-transformer::Settings tiny_settings(const transformer::Workload& w,
-                                    const std::vector<std::string>& extra);
+// within a few steps (MLPerf's schedules would leave the loss flat).
+std::vector<std::string> tiny_args(const std::vector<std::string>& extra);
+
+// One in-process run of the tiny preset with `extra` flags (no peak measurement).
+train::RunResult run_tiny(const transformer::Recipe& r, const std::vector<std::string>& extra);
 
 // none, layer and full train `args` and give bit-identical losses, bf16 weights and fp32 master
 // weights, with the graph counts each mode implies (2 layers); the loss falls.
-void expect_modes_bit_identical_and_loss_falls(const transformer::Workload& w,
+void expect_modes_bit_identical_and_loss_falls(const transformer::Recipe& r,
                                                const std::vector<std::string>& args);
 
 // With `args` (two micro-batches) none, full and layer give bit-identical results; `full` and
 // `layer` are left in the runs for the caller's graph-count checks.
 struct ModeRuns {
-  transformer::RunResult none, full, layer;
+  train::RunResult none, full, layer;
 };
-void expect_accumulation_bit_identical(const transformer::Workload& w,
+void expect_accumulation_bit_identical(const transformer::Recipe& r,
                                        const std::vector<std::string>& args, ModeRuns* runs);
+
+// Two runs bit for bit the same: losses, model weights and fp32 master weights.
+void expect_identical(const train::RunResult& a, const train::RunResult& b, const std::string& what);
 
 // The fp64 CPU model of a shard: its parameter layout (ParamStore order) and one backward pass
 // (parameters in, loss out, every parameter's gradient and the embedding-output gradient filled).
@@ -53,18 +62,19 @@ struct ReferenceModel {
                        std::vector<double>* dx0)>
       backward;
 };
-// One step of `s` on the GPU: its loss, every parameter gradient and the embedding-output gradient
-// match `ref` run on the same bf16 weights and batch.
-void expect_one_step_matches(const transformer::Settings& s, const ReferenceModel& ref);
+// One step of the resolved workload `w` (flags `f`) on the GPU: its loss, every parameter gradient
+// and the embedding-output gradient match `ref` run on the same bf16 weights and batch.
+void expect_one_step_matches(transformer::TransformerWorkload& w, const train::RunFlags& f,
+                             const ReferenceModel& ref);
 
 // A tiny run of `binary` writes a JSON summary with SCHEMA.md's fields and a complete mllog;
 // `check_config` adds the workload's own config checks.
-void expect_summary_and_mllog(const transformer::Workload& w, const std::string& binary,
+void expect_summary_and_mllog(const transformer::Recipe& r, const std::string& binary,
                               const std::function<void(const nlohmann::json& j)>& check_config);
 
 // The mllog of that run passes MLCommons' compliance checker with `yaml` (replay's shard rules);
 // exits 77 when the checker is not importable.
-void expect_mllog_passes_checker(const transformer::Workload& w, const std::string& binary,
+void expect_mllog_passes_checker(const transformer::Recipe& r, const std::string& binary,
                                  const std::string& yaml);
 
 }  // namespace replay::test

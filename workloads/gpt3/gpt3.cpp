@@ -40,12 +40,12 @@ TransformerShape tiny() {
 
 }  // namespace
 
-transformer::OptimizerConfig mlperf_optimizer(int64_t global_batch) {
+train::TrainingConfig mlperf_training(int64_t global_batch) {
   REPLAY_REQUIRE(global_batch >= 1, "global batch must be positive");
   constexpr int64_t kWarmupSamples = 265 * 1536, kDecaySamples = 166809600;
-  transformer::OptimizerConfig o;
+  train::TrainingConfig o;
   o.adam = AdamWHyper{0.9f, 0.95f, 1e-8f, 0.1f};
-  o.schedule.kind = graphs::LrKind::kWarmupCosine;
+  o.schedule.kind = train::LrKind::kWarmupCosine;
   o.schedule.base_lr = 2e-5f;
   o.schedule.min_lr = 2e-6f;
   o.schedule.warmup_steps = (kWarmupSamples + global_batch - 1) / global_batch;
@@ -54,28 +54,25 @@ transformer::OptimizerConfig mlperf_optimizer(int64_t global_batch) {
   return o;
 }
 
-const transformer::Workload& workload() {
+const transformer::Recipe& recipe() {
   namespace k = bench::mlkey;
-  static const transformer::Workload w{
-      "replay-gpt3",
-      "gpt3",
-      "GPT-3",
+  static const transformer::Recipe r{
+      {"replay-gpt3", "gpt3", "GPT-3", "tiny", "tokens", "tok", k::kGpt3},
       "GPT-3 175B",
       kModelLayers,
       {
-          {"tiny", "2 layers of width 128: the test model, seconds on one GPU", tiny(), 20},
-          {"175b-tp4",
-           "GPT-3 175B, one GPU of NVIDIA's H100 layout (TP4, micro-batch 1, sequence 2048)",
-           gpt3_175b(4), 50},
-          {"175b-tp8", "GPT-3 175B, one GPU at TP8 (micro-batch 1, sequence 2048)", gpt3_175b(8),
-           50},
+          {{"tiny", "2 layers of width 128: the test model, seconds on one GPU", 20}, tiny()},
+          {{"175b-tp4",
+            "GPT-3 175B, one GPU of NVIDIA's H100 layout (TP4, micro-batch 1, sequence 2048)", 50},
+           gpt3_175b(4)},
+          {{"175b-tp8", "GPT-3 175B, one GPU at TP8 (micro-batch 1, sequence 2048)", 50},
+           gpt3_175b(8)},
       },
-      mlperf_optimizer,
-      k::kGpt3,
+      mlperf_training,
       {"adam", k::kOptAdamBeta1, k::kOptAdamBeta2, k::kOptAdamEpsilon, k::kOptWeightDecay},
       /*report_kv_heads=*/false,
   };
-  return w;
+  return r;
 }
 
 }  // namespace replay::gpt3

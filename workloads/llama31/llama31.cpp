@@ -58,12 +58,12 @@ TransformerShape tiny() {
 
 }  // namespace
 
-transformer::OptimizerConfig mlperf_optimizer(int64_t global_batch) {
+train::TrainingConfig mlperf_training(int64_t global_batch) {
   REPLAY_REQUIRE(global_batch >= 1, "global batch must be positive");
   constexpr int64_t kReferenceBatch = 1152, kWarmupSteps = 8000, kDecaySteps = 1200000;
-  transformer::OptimizerConfig o;
+  train::TrainingConfig o;
   o.adam = AdamWHyper{0.9f, 0.95f, 1e-5f, 0.1f};
-  o.schedule.kind = graphs::LrKind::kWarmupCosine;
+  o.schedule.kind = train::LrKind::kWarmupCosine;
   o.schedule.base_lr = static_cast<float>(8e-5 * static_cast<double>(global_batch) /
                                           static_cast<double>(kReferenceBatch));
   o.schedule.min_lr = 8e-7f;
@@ -73,30 +73,29 @@ transformer::OptimizerConfig mlperf_optimizer(int64_t global_batch) {
   return o;
 }
 
-const transformer::Workload& workload() {
+const transformer::Recipe& recipe() {
   namespace k = bench::mlkey;
-  static const transformer::Workload w{
-      "replay-llama31",
-      "llama31",
-      "Llama 3.1",
+  static const transformer::Recipe r{
+      {"replay-llama31", "llama31", "Llama 3.1", "tiny", "tokens", "tok", k::kLlama31_405b},
       "Llama 3.1 405B",
       kModelLayers,
       {
-          {"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model",
-           tiny(), 20},
-          {"405b-tp8",
-           "Llama 3.1 405B, one GPU of NVIDIA's H100 layout (TP8, micro-batch 1, sequence 8192)",
-           llama31_405b(8), 20},
-          {"405b-tp4",
-           "Llama 3.1 405B, one GPU of the H200 layout (TP4, micro-batch 1, sequence 8192)",
-           llama31_405b(4), 20},
+          {{"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model",
+            20},
+           tiny()},
+          {{"405b-tp8",
+            "Llama 3.1 405B, one GPU of NVIDIA's H100 layout (TP8, micro-batch 1, sequence 8192)",
+            20},
+           llama31_405b(8)},
+          {{"405b-tp4",
+            "Llama 3.1 405B, one GPU of the H200 layout (TP4, micro-batch 1, sequence 8192)", 20},
+           llama31_405b(4)},
       },
-      mlperf_optimizer,
-      k::kLlama31_405b,
+      mlperf_training,
       {"adamw", k::kOptAdamwBeta1, k::kOptAdamwBeta2, k::kOptAdamwEpsilon, k::kOptAdamwWeightDecay},
       /*report_kv_heads=*/true,
   };
-  return w;
+  return r;
 }
 
 }  // namespace replay::llama31

@@ -13,7 +13,7 @@
 #include "common/kernels/norms.h"
 #include "common/kernels/activations.h"
 #include "common/kernels/rope.h"
-#include "workloads/transformer/accumulate.h"
+#include "common/kernels/accumulate.h"
 
 namespace replay::transformer {
 
@@ -33,8 +33,8 @@ bf16* offset(const TensorView& v, int64_t elements) {
 }  // namespace
 
 Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int microbatches,
-                         GemmCache& gemms, AttentionCache& attention, const bench::HostDelay* delay)
-    : ctx_(ctx), shape_(shape), microbatches_(microbatches), delay_(delay) {
+                         GemmCache& gemms, AttentionCache& attention)
+    : ctx_(ctx), shape_(shape), microbatches_(microbatches) {
   shape_.validate();
   REPLAY_REQUIRE(microbatches >= 1, "at least one micro-batch per step");
   const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
@@ -228,7 +228,9 @@ void Transformer::bind(const Arena& arena) {
   for (const Planned& p : planned_) *p.view = arena.view(p.id, p.dtype, {p.elements});
 }
 
-void Transformer::initialize(uint64_t seed, cudaStream_t stream) {
+void Transformer::initialize(uint64_t seed, float* step_loss, cudaStream_t stream) {
+  REPLAY_REQUIRE(step_loss != nullptr, "Transformer::initialize: where the step's loss goes");
+  step_loss_ = step_loss;
   params_.initialize(seed, stream);
   if (rope()) {
     const RopeScaling scaling =
@@ -260,7 +262,7 @@ RngArgs Transformer::rng_of(const std::vector<RngArgs>& ops, int mb, int layer) 
 }
 
 float* Transformer::loss_of(int mb) const {
-  REPLAY_REQUIRE(step_loss_ != nullptr, "Transformer: set_loss_output before running a step");
+  REPLAY_REQUIRE(step_loss_ != nullptr, "Transformer: initialize before running a step");
   return microbatches_ == 1 ? step_loss_ : ptr<float>(mb_loss_) + mb;
 }
 
@@ -272,7 +274,6 @@ int32_t* Transformer::targets(int mb) const {
 }
 
 void Transformer::gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const {
-  hook();
   args.workspace = gemm_ws_.data;
   args.workspace_bytes = gemm_ws_.bytes();
   plan->run(stream, args);
@@ -281,19 +282,18 @@ void Transformer::gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const
 // ---- Shared pieces ----------------------------------------------------------------------------
 
 const bf16* Transformer::head_weight() const {
-  return params_.weight(shape_.tied_embedding ? wte_ : lm_head_w_);
+  return weight(shape_.tied_embedding ? wte_ : lm_head_w_);
 }
 
 void Transformer::norm_forward(bf16* out, const TensorView& mean, const TensorView& rstd,
                                const bf16* x, ParamId gamma, ParamId beta, cudaStream_t s) const {
   const int64_t M = shape_.tokens();
   const int C = static_cast<int>(shape_.hidden);
-  hook();
   if (layernorm())
-    layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, params_.weight(gamma),
-                      params_.weight(beta), M, C, shape_.norm_eps, s);
+    layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, weight(gamma),
+                      weight(beta), M, C, shape_.norm_eps, s);
   else
-    rmsnorm_forward(out, ptr<float>(rstd), x, params_.weight(gamma), M, C, shape_.norm_eps, s);
+    rmsnorm_forward(out, ptr<float>(rstd), x, weight(gamma), M, C, shape_.norm_eps, s);
 }
 
 void Transformer::norm_backward(bf16* dx, ParamId gamma, ParamId beta, const bf16* dout,
@@ -302,20 +302,18 @@ void Transformer::norm_backward(bf16* dx, ParamId gamma, ParamId beta, const bf1
   const int64_t M = shape_.tokens();
   const int C = static_cast<int>(shape_.hidden);
   const ParamStore& w = params_;
-  hook();
   if (layernorm())
-    layernorm_backward(dx, w.grad(gamma), w.grad(beta), dout, x, w.weight(gamma), ptr<float>(mean),
+    layernorm_backward(dx, w.grad(gamma), w.grad(beta), dout, x, weight(gamma), ptr<float>(mean),
                        ptr<float>(rstd), M, C, accumulate_dx, accumulate, norm_ws_.data,
                        norm_ws_.bytes(), s);
   else
-    rmsnorm_backward(dx, w.grad(gamma), dout, x, w.weight(gamma), ptr<float>(rstd), M, C,
+    rmsnorm_backward(dx, w.grad(gamma), dout, x, weight(gamma), ptr<float>(rstd), M, C,
                      accumulate_dx, accumulate, norm_ws_.data, norm_ws_.bytes(), s);
 }
 
 const bf16* Transformer::branch_grad(ParamId bias, const std::vector<RngArgs>& rng, int mb,
                                      int layer, cudaStream_t s) const {
   if (branch_grad_is_residual()) return ptr<bf16>(grad_);
-  hook();
   dropout_residual_backward(ptr<bf16>(d_branch_), bias >= 0 ? params_.grad(bias) : nullptr,
                             ptr<bf16>(grad_), shape_.tokens(), static_cast<int>(shape_.hidden),
                             shape_.dropout, rng_of(rng, mb, layer), mb > 0, dropout_ws_.data,
@@ -336,7 +334,6 @@ void Transformer::rope_apply(void* qkv, bool backward, cudaStream_t s) const {
   const auto* table = static_cast<const float2*>(rope_table_.data);
   const int positions = static_cast<int>(shape_.seq);
   auto* x = static_cast<bf16*>(qkv);
-  hook();
   if (backward)
     rope_backward(x, x, table, positions, nullptr, layout, s);
   else
@@ -346,9 +343,8 @@ void Transformer::rope_apply(void* qkv, bool backward, cudaStream_t s) const {
 // ---- Forward ----------------------------------------------------------------------------------
 
 void Transformer::embedding_forward(int mb, cudaStream_t s) const {
-  hook();
-  replay::embedding_forward(ptr<bf16>(x_[0]), tokens(mb), params_.weight(wte_),
-                            wpe_ >= 0 ? params_.weight(wpe_) : nullptr,
+  replay::embedding_forward(ptr<bf16>(x_[0]), tokens(mb), weight(wte_),
+                            wpe_ >= 0 ? weight(wpe_) : nullptr,
                             EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                            shape_.vocab_start(), shape_.vocab_shard()},
                             s);
@@ -362,35 +358,31 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   const int64_t M = shape_.tokens();
   const int C = static_cast<int>(shape_.hidden);
   const float drop = shape_.dropout;
-  const ParamStore& w = params_;
-  auto bias = [&w](ParamId id) { return id >= 0 ? w.weight(id) : nullptr; };
+  auto bias = [this](ParamId id) { return id >= 0 ? weight(id) : nullptr; };
 
   norm_forward(ptr<bf16>(a.h1), a.ln1_mean, a.ln1_rstd, x, p.ln1_gamma, p.ln1_beta, s);
   GemmArgs qkv;
-  qkv.a = a.h1.data, qkv.b = w.weight(p.qkv_weight), qkv.d = a.qkv.data,
+  qkv.a = a.h1.data, qkv.b = weight(p.qkv_weight), qkv.d = a.qkv.data,
   qkv.bias = bias(p.qkv_bias);
   gemm(qkv_.forward, qkv, s);
   if (rope()) rope_apply(a.qkv.data, false, s);
   const AttentionDesc& ad = attention_->desc();
   const AttentionIO io{a.qkv.data, offset(a.qkv, ad.k_offset()), offset(a.qkv, ad.v_offset()),
                        a.attn_o.data, ptr<float>(a.attn_stats)};
-  hook();
   attention_->forward(ctx_, s, io, rng_of(rng_attention_, mb, layer), attention_ws_.data,
                       attention_ws_.bytes());
   GemmArgs proj;
-  proj.a = a.attn_o.data, proj.b = w.weight(p.proj_weight), proj.d = fwd_tmp_.data;
+  proj.a = a.attn_o.data, proj.b = weight(p.proj_weight), proj.d = fwd_tmp_.data;
   gemm(proj_.forward, proj, s);
-  hook();
   dropout_residual_forward(ptr<bf16>(a.x_mid), ptr<bf16>(fwd_tmp_), bias(p.proj_bias), x, M, C,
                            drop, rng_of(rng_attn_dropout_, mb, layer), s);
   norm_forward(ptr<bf16>(a.h2), a.ln2_mean, a.ln2_rstd, ptr<bf16>(a.x_mid), p.ln2_gamma, p.ln2_beta,
                s);
   GemmArgs fc1;
-  fc1.a = a.h2.data, fc1.b = w.weight(p.fc1_weight), fc1.bias = bias(p.fc1_bias);
+  fc1.a = a.h2.data, fc1.b = weight(p.fc1_weight), fc1.bias = bias(p.fc1_bias);
   if (swiglu()) {
     fc1.d = a.fc1_aux.data;  // [M, 2F]: gate, then up
     gemm(fc1_.forward, fc1, s);
-    hook();
     swiglu_forward(ptr<bf16>(a.fc1_out), ptr<bf16>(a.fc1_aux), M,
                    static_cast<int>(shape_.ffn_shard()), s);
   } else {
@@ -398,9 +390,8 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
     gemm(fc1_.forward, fc1, s);
   }
   GemmArgs fc2;
-  fc2.a = a.fc1_out.data, fc2.b = w.weight(p.fc2_weight), fc2.d = fwd_tmp_.data;
+  fc2.a = a.fc1_out.data, fc2.b = weight(p.fc2_weight), fc2.d = fwd_tmp_.data;
   gemm(fc2_.forward, fc2, s);
-  hook();
   dropout_residual_forward(out, ptr<bf16>(fwd_tmp_), bias(p.fc2_bias), ptr<bf16>(a.x_mid), M, C,
                            drop, rng_of(rng_mlp_dropout_, mb, layer), s);
 }
@@ -420,10 +411,8 @@ void Transformer::head(int mb, cudaStream_t s) const {
   // Cross-entropy over this shard's vocabulary; under tensor parallelism the statistics would be
   // all-gathered and combined (cross_entropy_stats, cross_entropy_combine_stats,
   // cross_entropy_loss) instead.
-  hook();
   cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss_of(mb),
                         ptr<int32_t>(count_), logits, targets(mb), ce, s);
-  hook();
   cross_entropy_backward(logits, logits, ptr<float>(ce_stats_), targets(mb), ptr<int32_t>(count_),
                          ptr<float>(dloss_), ce, s);  // dlogits in place
   GemmArgs dgrad;
@@ -437,7 +426,6 @@ void Transformer::head(int mb, cudaStream_t s) const {
   norm_backward(ptr<bf16>(grad_), lnf_gamma_, lnf_beta_, ptr<bf16>(d_hf_), ptr<bf16>(x_.back()),
                 lnf_mean_, lnf_rstd_, false, mb > 0, s);
   if (microbatches_ > 1 && mb == microbatches_ - 1) {
-    hook();
     mean_of(step_loss_, ptr<float>(mb_loss_), microbatches_, s);
   }
 }
@@ -454,7 +442,6 @@ void Transformer::wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64
   if (bias >= 0) args.bias_grad = acc ? scratch : params_.grad(bias);
   gemm(linear.wgrad[acc], args, s);
   if (bias >= 0 && acc) {
-    hook();
     accumulate(params_.grad(bias), scratch, width, s);
   }
 }
@@ -472,11 +459,10 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   // MLP: G is dL/d(layer output).
   const bf16* d_mlp = branch_grad(p.fc2_bias, rng_mlp_dropout_, mb, layer, s);
   GemmArgs fc2_d;
-  fc2_d.a = d_mlp, fc2_d.b = w.weight(p.fc2_weight);
+  fc2_d.a = d_mlp, fc2_d.b = weight(p.fc2_weight);
   if (swiglu()) {
     fc2_d.d = d_act_.data;
     gemm(fc2_.dgrad, fc2_d, s);  // dL/d(silu(gate) * up)
-    hook();
     swiglu_backward(ptr<bf16>(d_fc1_), ptr<bf16>(d_act_), ptr<bf16>(a.fc1_aux), M,
                     static_cast<int>(shape_.ffn_shard()), s);
   } else {
@@ -487,7 +473,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   fc2_w.a = d_mlp, fc2_w.b = a.fc1_out.data, fc2_w.d = w.grad(p.fc2_weight);
   wgrad(fc2_, fc2_w, -1, 0, mb, s);  // a bias gradient comes from the dropout backward
   GemmArgs fc1_d;
-  fc1_d.a = d_fc1_.data, fc1_d.b = w.weight(p.fc1_weight), fc1_d.d = d_h_.data;
+  fc1_d.a = d_fc1_.data, fc1_d.b = weight(p.fc1_weight), fc1_d.d = d_h_.data;
   gemm(fc1_.dgrad, fc1_d, s);
   GemmArgs fc1_w;
   fc1_w.a = d_fc1_.data, fc1_w.b = a.h2.data, fc1_w.d = w.grad(p.fc1_weight);
@@ -498,7 +484,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   // Attention.
   const bf16* d_attn_branch = branch_grad(p.proj_bias, rng_attn_dropout_, mb, layer, s);
   GemmArgs proj_d;
-  proj_d.a = d_attn_branch, proj_d.b = w.weight(p.proj_weight), proj_d.d = d_attn_.data;
+  proj_d.a = d_attn_branch, proj_d.b = weight(p.proj_weight), proj_d.d = d_attn_.data;
   gemm(proj_.dgrad, proj_d, s);
   GemmArgs proj_w;
   proj_w.a = d_attn_branch, proj_w.b = a.attn_o.data, proj_w.d = w.grad(p.proj_weight);
@@ -508,12 +494,11 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
                        a.attn_o.data, ptr<float>(a.attn_stats)};
   const AttentionGrads dio{d_attn_.data, d_qkv_.data, offset(d_qkv_, ad.k_offset()),
                            offset(d_qkv_, ad.v_offset())};
-  hook();
   attention_->backward(ctx_, s, io, dio, rng_of(rng_attention_, mb, layer), attention_ws_.data,
                        attention_ws_.bytes());
   if (rope()) rope_apply(d_qkv_.data, true, s);  // gradients of the q and k before the rotation
   GemmArgs qkv_d;
-  qkv_d.a = d_qkv_.data, qkv_d.b = w.weight(p.qkv_weight), qkv_d.d = d_h_.data;
+  qkv_d.a = d_qkv_.data, qkv_d.b = weight(p.qkv_weight), qkv_d.d = d_h_.data;
   gemm(qkv_.dgrad, qkv_d, s);
   GemmArgs qkv_w;
   qkv_w.a = d_qkv_.data, qkv_w.b = a.h1.data, qkv_w.d = w.grad(p.qkv_weight);
@@ -524,7 +509,6 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
 
 void Transformer::embedding_backward(int mb, cudaStream_t s) const {
   const ParamStore& w = params_;
-  hook();
   replay::embedding_backward(w.grad(wte_), wpe_ >= 0 ? w.grad(wpe_) : nullptr, ptr<bf16>(grad_),
                              tokens(mb),
                              EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,

@@ -50,16 +50,20 @@
 
 #include "common/arena.h"
 #include "common/attention.h"
-#include "common/bench/harness.h"
 #include "common/context.h"
 #include "common/gemm.h"
 #include "common/philox.h"
 #include "graphs/rng.h"
 #include "graphs/step_plan.h"
-#include "workloads/transformer/params.h"
+#include "train/params.h"
 #include "workloads/transformer/shape.h"
 
 namespace replay::transformer {
+
+using train::ParamId;
+using train::ParamInit;
+using train::ParamSpec;
+using train::ParamStore;
 
 // The parameters of one block, in the order they sit in the ParamStore (contiguous per layer).
 // Those the shape leaves out (norm shifts with RMSNorm, biases) are -1.
@@ -75,9 +79,9 @@ struct LayerParams {
 class Transformer {
  public:
   // Registers the parameters, builds every GEMM and attention plan through the caches (set-up),
-  // and queries the workspaces. `delay` (optional) is called before every launch.
+  // and queries the workspaces.
   Transformer(const Context& ctx, const TransformerShape& shape, int microbatches, GemmCache& gemms,
-              AttentionCache& attention, const bench::HostDelay* delay = nullptr);
+              AttentionCache& attention);
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -103,13 +107,13 @@ class Transformer {
   // Adds every buffer (parameters, optimizer state, inputs, activations, workspaces) to the plan.
   void plan(ArenaPlan& plan);
   void bind(const Arena& arena);
-  // Set-up: parameters from `seed`, the constant loss gradient. Synchronizes `stream`.
-  void initialize(uint64_t seed, cudaStream_t stream);
+  // Set-up: parameters from `seed`, the constant loss gradient, and where the step's loss (the
+  // mean over micro-batches) goes. Synchronizes `stream`. The shard trains in bf16 without loss
+  // scaling: its loss gradient is not scaled.
+  void initialize(uint64_t seed, float* step_loss, cudaStream_t stream);
   // Registers the random ops (attention dropout on the tensor-parallel stream, hidden dropout on
   // the data-parallel stream), one per micro-batch and layer. Nothing when dropout is 0.
   void register_rng(graphs::RngTracker& rng);
-  // Where the step's loss goes (the mean over micro-batches): StepScalars::loss.
-  void set_loss_output(float* loss) { step_loss_ = loss; }
 
   // The step's work for micro-batch `mb`, launched on `stream` only (capturable).
   void embedding_forward(int mb, cudaStream_t stream) const;
@@ -164,9 +168,7 @@ class Transformer {
   void gemm(GemmPlan* plan, GemmArgs args, cudaStream_t stream) const;
   void wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64_t width, int mb,
              cudaStream_t stream) const;
-  void hook() const {
-    if (delay_) (*delay_)();
-  }
+  __nv_bfloat16* weight(ParamId id) const { return params_.weight<__nv_bfloat16>(id); }
   RngArgs rng_of(const std::vector<RngArgs>& ops, int mb, int layer) const;
   float* loss_of(int mb) const;
   bool layernorm() const { return shape_.norm == NormKind::kLayerNorm; }
@@ -191,7 +193,6 @@ class Transformer {
   const Context& ctx_;
   TransformerShape shape_;
   int microbatches_;
-  const bench::HostDelay* delay_;
   ParamStore params_;
   ParamId wte_ = -1, wpe_ = -1, lnf_gamma_ = -1, lnf_beta_ = -1, lm_head_w_ = -1;
   std::vector<LayerParams> layers_;

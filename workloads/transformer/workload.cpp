@@ -1,41 +1,18 @@
-// workload.cpp: the shared driver of the transformer workloads: presets, settings and the timed
-// run.
+// workload.cpp: the transformer shards as train/ workloads: presets and flags, token data, the
+// model's step regions, its cost and its MLPerf events.
 #include "workloads/transformer/workload.h"
 
-#include <chrono>
-#include <cinttypes>
-#include <cmath>
+#include <CLI/CLI.hpp>
 
+#include <cinttypes>
+#include <functional>
+
+#include "common/bench/harness.h"
 #include "common/bench/mllog.h"
 #include "common/check.h"
-#include "common/data/batch_stream.h"
-#include "common/data/token_file.h"
-#include "common/version.h"
+#include "train/trainer.h"
 
 namespace replay::transformer {
-
-namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
-std::vector<std::string> preset_names(const Workload& w) {
-  std::vector<std::string> names;
-  for (const Preset& p : w.presets) names.push_back(p.name);
-  return names;
-}
-
-Preset preset(const Workload& w, const std::string& name) {
-  for (const Preset& p : w.presets)
-    if (p.name == name) return p;
-  std::string have;
-  for (const std::string& n : preset_names(w)) have += (have.empty() ? "" : ", ") + n;
-  throw bench::UsageError("--preset: '" + name + "' is not a " + w.family + " preset (" + have +
-                          ")");
-}
 
 data::MarkovDatasetParams dataset_params(const TransformerShape& shape) {
   data::MarkovDatasetParams p;
@@ -46,14 +23,195 @@ data::MarkovDatasetParams dataset_params(const TransformerShape& shape) {
   return p;
 }
 
-int layers_for_budget(Context& ctx, const TrainerConfig& config, GemmCache& gemms,
-                      AttentionCache& attention, int64_t model_layers, size_t budget) {
+// ---- The model ---------------------------------------------------------------------------------
+
+TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& shape,
+                                   int microbatches, std::shared_ptr<PlanCaches> caches)
+    : caches_(std::move(caches)),
+      transformer_(ctx, shape, microbatches, caches_->gemms, caches_->attention) {}
+
+void TransformerModel::set_data(data::TokenFile file, uint64_t seed, double loss_floor) {
+  data::StreamOptions options;
+  options.seed = seed;
+  batches_.emplace(std::move(file), options);
+  loss_floor_ = loss_floor;
+}
+
+void TransformerModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) {
+  transformer_.initialize(seed, io.loss, stream);
+}
+
+std::vector<graphs::Region> TransformerModel::regions() {
+  std::vector<graphs::Region> out;
+  Transformer& m = transformer_;
+  auto region = [&out](std::string name, graphs::RegionKind kind,
+                       std::function<void(cudaStream_t)> work,
+                       std::function<graphs::RegionArgs()> args) {
+    graphs::Region r;
+    r.name = std::move(name);
+    r.kind = kind;
+    r.enqueue = [work = std::move(work)](cudaStream_t s, const graphs::RegionArgs&) { work(s); };
+    r.args = std::move(args);
+    out.push_back(std::move(r));
+  };
+  using graphs::RegionKind;
+  const int n = m.microbatches(), L = m.num_layers();
+  for (int mb = 0; mb < n; ++mb) {
+    const std::string p = n > 1 ? "mb" + std::to_string(mb) + "." : "";
+    region(
+        p + "embedding.fwd", RegionKind::kOther,
+        [&m, mb](cudaStream_t s) { m.embedding_forward(mb, s); },
+        [&m, mb] { return m.embedding_forward_args(mb); });
+    for (int l = 0; l < L; ++l)
+      region(
+          p + "layer" + std::to_string(l) + ".fwd", RegionKind::kForwardLayer,
+          [&m, mb, l](cudaStream_t s) { m.layer_forward(mb, l, s); },
+          [&m, mb, l] { return m.layer_forward_args(mb, l); });
+    region(
+        p + "head", RegionKind::kOther, [&m, mb](cudaStream_t s) { m.head(mb, s); },
+        [&m, mb] { return m.head_args(mb); });
+    for (int l = L - 1; l >= 0; --l)
+      region(
+          p + "layer" + std::to_string(l) + ".bwd", RegionKind::kBackwardLayer,
+          [&m, mb, l](cudaStream_t s) { m.layer_backward(mb, l, s); },
+          [&m, mb, l] { return m.layer_backward_args(mb, l); });
+    region(
+        p + "embedding.bwd", RegionKind::kOther,
+        [&m, mb](cudaStream_t s) { m.embedding_backward(mb, s); },
+        [&m, mb] { return m.embedding_backward_args(mb); });
+  }
+  return out;
+}
+
+int64_t TransformerModel::train_samples() const {
+  REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data first");
+  return batches_->info().num_sequences;
+}
+
+int TransformerModel::load_batch(cudaStream_t stream) {
+  REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data before load_batch");
+  for (int mb = 0; mb < transformer_.microbatches(); ++mb)
+    batches_->next(stream, transformer_.tokens(mb), transformer_.targets(mb));
+  return 0;
+}
+
+double TransformerModel::units_per_step() const {
+  return static_cast<double>(transformer_.shape().tokens() * transformer_.microbatches());
+}
+
+double TransformerModel::samples_per_step() const {
+  return static_cast<double>(transformer_.shape().micro_batch * transformer_.microbatches());
+}
+
+double TransformerModel::flops_per_step() const {
+  const TransformerShape& s = transformer_.shape();
+  const double n = static_cast<double>(transformer_.params().total_numel());
+  const double per_token = 6.0 * n + 12.0 * static_cast<double>(s.layers) *
+                                         static_cast<double>(s.seq) *
+                                         static_cast<double>(s.attn_width());
+  return per_token * units_per_step();
+}
+
+std::string TransformerModel::flops_formula() const {
+  return "6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's parameters, d = this "
+         "shard's attention width, heads per GPU x head dim)";
+}
+
+std::string TransformerModel::collectives() const {
+  return transformer_.shape().tp > 1 ? "not run (1 process)" : "none (tp 1)";
+}
+
+// ---- The workload ------------------------------------------------------------------------------
+
+TransformerWorkload::TransformerWorkload(Recipe recipe) : recipe_(std::move(recipe)) {
+  for (const Preset& p : recipe_.presets) preset_infos_.push_back(p.info);
+}
+
+void TransformerWorkload::add_flags(CLI::App& app) {
+  app.add_option("--layers", layers_flag_,
+                 "transformer layers of this shard (0: the preset's default)")
+      ->check(train::integer_in(0, train::kMaxInt));
+  app.add_option("--microbatches", microbatches_, "gradient-accumulation micro-batches per step")
+      ->check(train::integer_in(1, 1024));
+  app.add_option("--dropout", dropout_flag_,
+                 "hidden and attention dropout probability in [0, 1) (default: the preset's)")
+      ->check(train::number_in(0.0, 1.0));
+}
+
+void TransformerWorkload::resolve(const train::RunFlags& flags) {
+  const Preset* preset = nullptr;
+  for (const Preset& p : recipe_.presets)
+    if (p.info.name == flags.preset) preset = &p;
+  REPLAY_REQUIRE(preset != nullptr, "the driver resolves known presets only");
+  if (dropout_flag_ == 1.0) throw bench::UsageError("--dropout: must be below 1 (1 drops everything)");
+  shape_ = preset->shape;
+  if (layers_flag_ > recipe_.model_layers)
+    throw bench::UsageError(std::string("--layers: ") + recipe_.model + " has " +
+                            std::to_string(recipe_.model_layers) + " layers, got " +
+                            std::to_string(layers_flag_));
+  if (layers_flag_ > 0) shape_.layers = layers_flag_;
+  dropout_ = std::isnan(dropout_flag_) ? static_cast<double>(shape_.dropout) : dropout_flag_;
+  shape_.dropout = static_cast<float>(dropout_);
+  data_path_ = flags.data;
+}
+
+nlohmann::ordered_json TransformerWorkload::config() const {
+  const TransformerShape& s = shape_;
+  nlohmann::ordered_json c = {
+      {"layers", s.layers}, {"hidden", s.hidden}, {"heads", s.heads_shard()}};
+  if (recipe_.report_kv_heads) c["kv_heads"] = s.kv_heads_shard();
+  c.update(nlohmann::ordered_json{{"head_dim", s.head_dim},
+                                  {"ffn", s.ffn_shard()},
+                                  {"seq", s.seq},
+                                  {"micro_batch", s.micro_batch},
+                                  {"microbatches", microbatches_},
+                                  {"vocab", s.padded_vocab()},
+                                  {"vocab_shard", s.vocab_shard()},
+                                  {"tp", s.tp},
+                                  {"dropout", dropout_}});
+  // The whole model, for tools that build the same shard (replay-ops, the PyTorch baselines).
+  c["model"] = {{"layers", recipe_.model_layers},
+                {"heads", s.heads},
+                {"kv_heads", s.kv_heads()},
+                {"ffn", s.ffn},
+                {"data_vocab", s.vocab},
+                {"norm", s.norm == NormKind::kLayerNorm ? "layernorm" : "rmsnorm"},
+                {"norm_eps", bench::decimal(s.norm_eps)},
+                {"mlp", s.mlp == MlpKind::kGelu ? "gelu" : "swiglu"},
+                {"position", s.position == PositionKind::kLearned ? "learned" : "rope"},
+                {"rope_theta", s.rope_theta},
+                {"rope_llama31_scaling", s.rope_llama31_scaling},
+                {"bias", s.bias},
+                {"tied_embedding", s.tied_embedding}};
+  return c;
+}
+
+train::TrainingConfig TransformerWorkload::training() const {
+  return recipe_.mlperf_training(shape_.micro_batch * microbatches_);
+}
+
+void TransformerWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
+  std::string path = data_path_;
+  if (path.empty()) path = data::ensure_dataset(dataset_params(shape_));
+  file_.emplace(path, data::BatchShape{shape_.micro_batch, shape_.seq, shape_.padded_vocab()});
+  const data::TokenFileInfo& info = file_->info();
+  std::fprintf(out,
+               "# data: %s (%" PRId64 " sequences, vocabulary %" PRId64
+               "); loss floor %.4f nats/token\n",
+               path.c_str(), info.num_sequences, info.vocab_size, info.provenance.entropy_rate);
+}
+
+int TransformerWorkload::layers_for_budget(Context& ctx, const std::shared_ptr<PlanCaches>& caches,
+                                           const train::TrainingConfig& training,
+                                           size_t budget) const {
   int best = 0;
-  for (int64_t layers = 1; layers <= model_layers; ++layers) {
-    TrainerConfig c = config;
-    c.shape.layers = layers;
-    const Trainer planned(ctx, c, gemms, attention);  // plans only: no device memory
-    if (planned.arena_plan().total_bytes() > budget) break;
+  for (int64_t layers = 1; layers <= recipe_.model_layers; ++layers) {
+    TransformerShape s = shape_;
+    s.layers = layers;
+    TransformerModel planned(ctx, s, microbatches_, caches);
+    train::TrainerOptions options;  // plans only: no device memory
+    const train::Trainer trainer(ctx, planned, training, options);
+    if (trainer.arena_plan().total_bytes() > budget) break;
     best = static_cast<int>(layers);
   }
   if (best == 0)
@@ -63,235 +221,68 @@ int layers_for_budget(Context& ctx, const TrainerConfig& config, GemmCache& gemm
   return best;
 }
 
-Settings resolve(const Workload& w, bench::HarnessFlags f) {
-  Settings s;
-  s.preset = preset(w, f.preset);
-  TransformerShape shape = s.preset.shape;
-  if (f.layers > w.model_layers)
-    throw bench::UsageError(std::string("--layers: ") + w.model + " has " +
-                            std::to_string(w.model_layers) + " layers, got " +
-                            std::to_string(f.layers));
-  if (f.layers > 0) shape.layers = f.layers;
-  f.layers = static_cast<int>(shape.layers);  // 0: from the memory budget, on the GPU
-  if (std::isnan(f.dropout))
-    f.dropout = shape.dropout;
-  else
-    shape.dropout = static_cast<float>(f.dropout);
-  if (f.steps == 0) f.steps = s.preset.steps;
-  if (f.seed == 0) f.seed = bench::seed_from_clock();
-  s.trainer.shape = shape;
-  s.trainer.microbatches = f.microbatches;
-  s.trainer.optimizer = w.mlperf_optimizer(shape.micro_batch * f.microbatches);
-  s.trainer.mode = graphs::parse_graph_mode(f.graphs);
-  s.trainer.warmup = f.warmup;
-  s.trainer.seed = f.seed;
-  s.trainer.fault = parse_fault(f.inject);
-  s.flags = f;
-  return s;
-}
-
-RunResult run(const Workload& w, const Settings& st, std::FILE* out) {
-  const bench::HarnessFlags& f = st.flags;
-  TrainerConfig config = st.trainer;
-  const TransformerShape& shape = config.shape;
-  std::fprintf(out, "# %s %s: %s\n%s", w.tool, version(), st.preset.description.c_str(),
-               bench::describe(f).c_str());
-
-  // Data first: a missing or malformed file is an error before any GPU work.
-  std::string data_path = f.data;
-  if (data_path.empty()) data_path = data::ensure_dataset(dataset_params(shape));
-  data::TokenFile file(data_path,
-                       data::BatchShape{shape.micro_batch, shape.seq, shape.padded_vocab()});
-  const double loss_floor = file.info().provenance.entropy_rate;
-  std::fprintf(out,
-               "# data: %s (%" PRId64 " sequences, vocabulary %" PRId64
-               "); loss floor %.4f nats/token\n",
-               data_path.c_str(), file.info().num_sequences, file.info().vocab_size, loss_floor);
-
-  Context ctx(f.device);
-  const EnvironmentReport env = ctx.environment();
-  std::fputs(env.to_text().c_str(), out);
-
-  bench::MlLogOptions log_options;
-  log_options.path = f.mllog;
-  bench::MlLogger mllog(std::move(log_options));
-  namespace k = bench::mlkey;
-  mllog.event(k::kCacheClear, false);
-  mllog.start(k::kInitStart);
-
-  bench::HostDelay delay(f.host_delay_us);
-  GemmCache gemms(ctx);
-  AttentionCache attention;
-  if (config.shape.layers == 0) {
-    config.shape.layers = layers_for_budget(ctx, config, gemms, attention, w.model_layers);
+std::unique_ptr<TransformerModel> TransformerWorkload::build_model(
+    Context& ctx, const train::TrainingConfig& training, uint64_t seed, std::FILE* out) {
+  REPLAY_REQUIRE(file_.has_value(), "TransformerWorkload: open_data before build");
+  auto caches = std::make_shared<PlanCaches>(ctx);
+  if (shape_.layers == 0) {
+    shape_.layers = layers_for_budget(ctx, caches, training);
     std::fprintf(out,
                  "# layers: %" PRId64
                  " (the most whose arena fits %zu GiB: an 80 GiB H100 less a margin)\n",
-                 config.shape.layers, kMemoryBudgetBytes >> 30);
+                 shape_.layers, kMemoryBudgetBytes >> 30);
   }
-  Trainer trainer(ctx, config, gemms, attention, &delay);
-  gemms.seal();
-  const int64_t params = trainer.model().params().total_numel();
-  std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", shape.describe().c_str(),
-               params);
-  const std::string tp_collectives = shape.tp > 1 ? "not run (1 process)" : "none (tp 1)";
-  if (shape.tp > 1)
+  auto model = std::make_unique<TransformerModel>(ctx, shape_, microbatches_, caches);
+  caches->gemms.seal();  // every plan of the run exists: none may be made on the step path
+  const double floor = file_->info().provenance.entropy_rate;
+  model->set_data(std::move(*file_), seed, floor);
+  file_.reset();
+  if (shape_.tp > 1)
     std::fprintf(
         out,
         "# tensor parallelism %d: one process computes rank 0's shard; the TP all-reduces and "
         "all-gathers are not run\n",
-        shape.tp);
-
-  trainer.allocate();
-  std::fputs(trainer.arena().table().c_str(), out);
-  if (trainer.peaks().bf16_gemm_tflops > 0)
-    std::fprintf(out, "# peak: bf16 GEMM %.1f TFLOP/s (8192^3, measured)\n",
-                 trainer.peaks().bf16_gemm_tflops);
-
-  data::StreamOptions stream_options;
-  stream_options.seed = f.seed;
-  data::BatchStream batches(std::move(file), stream_options);
-
-  const int64_t global_batch = shape.micro_batch * config.microbatches;
-  const OptimizerConfig& opt = config.optimizer;
-  mllog.event(k::kSubmissionBenchmark, w.mllog_benchmark);
-  mllog.event(k::kSubmissionOrg, "replay");
-  mllog.event(k::kSubmissionPlatform, "1x" + std::string(ctx.props().name));
-  mllog.event(k::kSubmissionStatus, "research");
-  mllog.event(k::kConfigFilename, st.preset.name);
-  mllog.event(k::kSeed, f.seed);
-  mllog.event(k::kGlobalBatchSize, global_batch);
-  mllog.event(k::kMicroBatchSize, shape.micro_batch);
-  mllog.event(k::kGradientAccumulationSteps, config.microbatches);
-  mllog.event(k::kMaxSequenceLength, shape.seq);
-  mllog.event(k::kTensorParallelism, shape.tp);
-  mllog.event(k::kPipelineParallelism, 1);
-  mllog.event(k::kContextParallelism, 1);
-  mllog.event(k::kExpertParallelism, 1);
-  mllog.event(k::kPrecisionLinear, "bfloat16");
-  mllog.event(k::kPrecisionAttn, "bfloat16");
-  mllog.event(k::kPrecisionComm, "bfloat16");
-  mllog.event(k::kReplayGraphMode, f.graphs);
-  mllog.event(k::kReplayWorldSize, 1);
-  mllog.event(k::kReplayNumLayers, config.shape.layers);
-  const OptimizerLogKeys& ok = w.optimizer_keys;
-  mllog.event(k::kOptName, ok.name);
-  mllog.event(k::kOptBaseLearningRate, static_cast<double>(opt.schedule.base_lr));
-  mllog.event(k::kOptEndLearningRate, static_cast<double>(opt.schedule.min_lr));
-  mllog.event(k::kOptLearningRateWarmupSteps, opt.schedule.warmup_steps);
-  mllog.event(k::kOptLearningRateDecaySteps, opt.schedule.total_steps);
-  mllog.event(k::kOptLearningRateDecaySchedule, "cosine with linear warmup");
-  mllog.event(ok.beta1, static_cast<double>(opt.adam.beta1));
-  mllog.event(ok.beta2, static_cast<double>(opt.adam.beta2));
-  mllog.event(ok.epsilon, static_cast<double>(opt.adam.eps));
-  mllog.event(ok.weight_decay, static_cast<double>(opt.adam.weight_decay));
-  mllog.event(k::kOptGradientClipNorm, static_cast<double>(opt.clip_norm));
-  mllog.event(k::kTrainSamples, batches.info().num_sequences);
-  mllog.event(k::kEvalSamples, 0);
-
-  // Warm-up and capture, on the first batch.
-  trainer.load_batch(batches);
-  const auto t0 = std::chrono::steady_clock::now();
-  trainer.prepare();
-  const bool graphed = config.mode != graphs::GraphMode::kNone;
-  std::fprintf(out, "# prepare: %d neutral warm-up steps%s in %.1f ms\n", config.warmup,
-               graphed ? " and capture" : "", ms_since(t0));
-  if (graphed) std::fputs(trainer.step_plan().describe().c_str(), out);
-  mllog.end(k::kInitStop);
-  mllog.start(k::kRunStart);
-  mllog.start(k::kBlockStart, {{k::kSamplesCount, 0}});
-
-  bench::LoopConfig loop;
-  loop.steps = f.steps;
-  loop.log_interval = f.log_interval;
-  loop.untimed_steps = f.verify_graphs ? 1 : 0;
-  loop.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
-  loop.flops_per_step = trainer.flops_per_step();
-  loop.peak_tflops = trainer.peaks().bf16_gemm_tflops;
-  bench::LoopCallbacks callbacks;
-  callbacks.enqueue = [&](int64_t step) {
-    if (step > 0) trainer.load_batch(batches);
-    if (step == 0 && f.verify_graphs) {
-      const graphs::VerifyReport v = trainer.verify_step();
-      std::fprintf(out, "# %s\n", v.message().c_str());
-      if (!v.ok) throw Error("replay", "verify-graphs", v.message());
-    } else {
-      trainer.step();
-    }
-  };
-  callbacks.read = [&](int64_t step) { return trainer.read(step); };
-  callbacks.on_progress = [&](int64_t step, double tokens_per_s, const bench::StepSample& s) {
-    mllog.tracked_stats(step + 1, {{"throughput", tokens_per_s}, {"loss", s.loss}});
-  };
-  const bench::LoopResult result = bench::run_steps(ctx.stream(), loop, callbacks, out);
-  mllog.end(k::kBlockStop, {{k::kSamplesCount, f.steps * global_batch}});
-  mllog.end(k::kRunStop, {{k::kStatus, k::kSuccess}});
-
-  RunResult r;
-  bench::WorkloadReport& rep = r.report;
-  rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -
-                   static_cast<int64_t>(trainer.used_before_arena());
-  rep.arena_bytes = static_cast<int64_t>(trainer.arena().size_bytes());
-  rep.tool = w.tool;
-  rep.version = version();
-  rep.workload = w.name;
-  rep.preset = st.preset.name;
-  rep.graphs = f.graphs;
-  rep.environment = env;
-  rep.config = {
-      {"layers", config.shape.layers}, {"hidden", shape.hidden}, {"heads", shape.heads_shard()}};
-  if (w.report_kv_heads) rep.config["kv_heads"] = shape.kv_heads_shard();
-  rep.config.update(nlohmann::ordered_json{{"head_dim", shape.head_dim},
-                                           {"ffn", shape.ffn_shard()},
-                                           {"seq", shape.seq},
-                                           {"micro_batch", shape.micro_batch},
-                                           {"microbatches", config.microbatches},
-                                           {"vocab", shape.padded_vocab()},
-                                           {"vocab_shard", shape.vocab_shard()},
-                                           {"tp", shape.tp},
-                                           {"dropout", f.dropout},
-                                           {"seed", f.seed},
-                                           {"steps", f.steps},
-                                           {"warmup", f.warmup},
-                                           {"precision", "bf16"}});
-  if (f.host_delay_us > 0)
-    rep.config["host_delay_us"] = f.host_delay_us;  // SCHEMA.md: only when set
-  rep.tensor_parallel_collectives = tp_collectives;
-  rep.step_ms = result.step_stats;
-  rep.host_enqueue_us = result.host_stats;
-  rep.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
-  rep.samples_per_step = static_cast<double>(global_batch);
-  rep.flops_per_step = trainer.flops_per_step();
-  rep.flops_formula = Trainer::flops_formula();
-  rep.peak_tflops = trainer.peaks().bf16_gemm_tflops;
-  for (const graphs::GraphStats& g : trainer.step_plan().graph_stats()) {
-    rep.graph_count += 1;
-    rep.graph_nodes += static_cast<int64_t>(g.nodes);
-    rep.capture_ms += g.capture_ms;
-    rep.instantiate_ms += g.instantiate_ms;
-  }
-  rep.losses = result.losses;
-  const ParamStore& ps = trainer.model().params();
-  rep.weights_hash = bench::device_hash(ps.weights().data, ps.weights().bytes());
-  r.master_hash = bench::device_hash(ps.masters().data, ps.masters().bytes());
-  if (std::isfinite(loss_floor)) rep.loss_floor = loss_floor;
-
-  std::fputs(bench::summary(rep).c_str(), out);
-  if (!f.json.empty()) {
-    bench::write_json(f.json, bench::to_json(rep));
-    std::fprintf(out, "# wrote %s\n", f.json.c_str());
-  }
-  std::fflush(out);
-  return r;
+        shape_.tp);
+  return model;
 }
 
-int workload_main(const Workload& w, int argc, char** argv) {
-  return bench::run_main(w.tool, [&] {
-    const auto flags = bench::parse_flags(w.tool, argc, argv, preset_names(w), "tiny");
-    if (!flags) return 0;  // --help
-    run(w, resolve(w, *flags));
-    return 0;
-  });
+std::unique_ptr<train::Model> TransformerWorkload::build(Context& ctx,
+                                                         const train::TrainingConfig& training,
+                                                         const train::RunFlags& flags,
+                                                         std::FILE* out) {
+  return build_model(ctx, training, flags.seed, out);
+}
+
+void TransformerWorkload::log_config(bench::MlLogger& log, const train::Model& model,
+                                     const train::TrainingConfig& opt) const {
+  namespace k = bench::mlkey;
+  const auto& m = static_cast<const TransformerModel&>(model);
+  const TransformerShape& shape = m.transformer().shape();
+  log.event(k::kGlobalBatchSize, shape.micro_batch * microbatches_);
+  log.event(k::kMicroBatchSize, shape.micro_batch);
+  log.event(k::kGradientAccumulationSteps, microbatches_);
+  log.event(k::kMaxSequenceLength, shape.seq);
+  log.event(k::kTensorParallelism, shape.tp);
+  log.event(k::kPipelineParallelism, 1);
+  log.event(k::kContextParallelism, 1);
+  log.event(k::kExpertParallelism, 1);
+  log.event(k::kPrecisionLinear, "bfloat16");
+  log.event(k::kPrecisionAttn, "bfloat16");
+  log.event(k::kPrecisionComm, "bfloat16");
+  log.event(k::kReplayNumLayers, shape.layers);
+  const OptimizerLogKeys& ok = recipe_.optimizer_keys;
+  log.event(k::kOptName, ok.name);
+  log.event(k::kOptBaseLearningRate, static_cast<double>(opt.schedule.base_lr));
+  log.event(k::kOptEndLearningRate, static_cast<double>(opt.schedule.min_lr));
+  log.event(k::kOptLearningRateWarmupSteps, opt.schedule.warmup_steps);
+  log.event(k::kOptLearningRateDecaySteps, opt.schedule.total_steps);
+  log.event(k::kOptLearningRateDecaySchedule, "cosine with linear warmup");
+  log.event(ok.beta1, static_cast<double>(opt.adam.beta1));
+  log.event(ok.beta2, static_cast<double>(opt.adam.beta2));
+  log.event(ok.epsilon, static_cast<double>(opt.adam.eps));
+  log.event(ok.weight_decay, static_cast<double>(opt.adam.weight_decay));
+  log.event(k::kOptGradientClipNorm, static_cast<double>(opt.clip_norm));
+  log.event(k::kTrainSamples, m.train_samples());
 }
 
 }  // namespace replay::transformer

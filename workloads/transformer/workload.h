@@ -1,28 +1,33 @@
-// workload.h: the driver every transformer workload shares (as nccl-tests' src/common.h): a
-// Workload table holds what one model's recipe names (presets, layer count, MLPerf optimizer and
-// log keys), and resolve() and run() turn flags into one timed run through the benchmark harness.
+// workload.h: the transformer shards as train/ workloads. A Recipe is what one model family names
+// (presets, depth, MLPerf optimizer and log keys); TransformerWorkload turns it into a
+// train::Workload (its flags --layers, --dropout, --microbatches; its token data; its model; its
+// MLPerf events), and TransformerModel is the train::Model the trainer drives: the Transformer of
+// model.h, its batches and its step's regions. gpt3/ and llama31/ are tables of this.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/attention.h"
-#include "common/bench/harness.h"
 #include "common/context.h"
+#include "common/data/batch_stream.h"
 #include "common/data/generate.h"
+#include "common/data/token_file.h"
 #include "common/gemm.h"
-#include "workloads/transformer/training.h"
+#include "train/workload.h"
+#include "workloads/transformer/model.h"
+#include "workloads/transformer/shape.h"
 
 namespace replay::transformer {
 
 struct Preset {
-  std::string name;
-  std::string description;
+  train::Preset info;      // name, description, default steps
   TransformerShape shape;  // layers 0: as many as fit kMemoryBudgetBytes
-  int64_t steps = 20;      // default timed steps
 };
 
 // The mllog keys that name the optimizer and its Adam hyperparameters (MLPerf logs GPT-3's as
@@ -35,23 +40,16 @@ struct OptimizerLogKeys {
   const char* weight_decay;
 };
 
-// What one workload fills in; everything else is the shared driver below.
-struct Workload {
-  const char* tool;             // executable and JSON "tool": "replay-gpt3"
-  const char* name;             // JSON "workload": "gpt3"
-  const char* family;           // in "--preset: 'x' is not a GPT-3 preset"
+// What one model family fills in.
+struct Recipe {
+  train::WorkloadInfo info;     // tool, name, family, default preset, unit "tokens", benchmark
   const char* model;            // in "--layers: GPT-3 175B has 96 layers"
   int64_t model_layers;         // the full model's depth: --layers may not exceed it
   std::vector<Preset> presets;  // "tiny" among them: the default
-  OptimizerConfig (*mlperf_optimizer)(int64_t global_batch);
-  const char* mllog_benchmark;  // submission_benchmark
+  train::TrainingConfig (*mlperf_training)(int64_t global_batch);
   OptimizerLogKeys optimizer_keys;
-  bool report_kv_heads;  // JSON config carries "kv_heads" (grouped-query attention)
+  bool report_kv_heads;  // the configuration carries "kv_heads" (grouped-query attention)
 };
-
-std::vector<std::string> preset_names(const Workload& w);
-// Throws bench::UsageError naming the presets when `name` is not one.
-Preset preset(const Workload& w, const std::string& name);
 
 // The synthetic data a preset trains on without --data (generated once into the data folder): a
 // first-order Markov chain over the tokenizer's vocabulary with 4 successors per token, so the
@@ -63,29 +61,97 @@ data::MarkovDatasetParams dataset_params(const TransformerShape& shape);
 // 80 GiB H100 less 6 GiB for the CUDA context, library handles and graph executables. The budget
 // is fixed, so the default is the same on an H100 and an H200.
 constexpr size_t kMemoryBudgetBytes = (size_t{80} - 6) << 30;
-int layers_for_budget(Context& ctx, const TrainerConfig& config, GemmCache& gemms,
-                      AttentionCache& attention, int64_t model_layers,
-                      size_t budget = kMemoryBudgetBytes);
 
-// A run's resolved settings: the flags with the preset's defaults filled in and the seed drawn,
-// and the trainer's configuration (shape, MLPerf optimizer, graph mode). Tests may adjust them.
-struct Settings {
-  bench::HarnessFlags flags;
-  Preset preset;
-  TrainerConfig trainer;
+// The library plans of a run (cuBLASLt, cuDNN), shared by the models planned while the memory budget
+// is searched and kept by the one that runs. They must not outlive the Context that built them.
+struct PlanCaches {
+  explicit PlanCaches(const Context& ctx) : gemms(ctx) {}
+  GemmCache gemms;
+  AttentionCache attention;
 };
-// Throws bench::UsageError for values the preset cannot take (--layers above the model's).
-Settings resolve(const Workload& w, bench::HarnessFlags flags);
 
-struct RunResult {
-  bench::WorkloadReport report;
-  std::string master_hash;  // fp32 master weights after the last step
+// The train::Model of one transformer shard: the model, its batches and its step's regions (per
+// micro-batch: embedding forward, layer i forward, head, layer i backward in reverse, embedding
+// backward).
+class TransformerModel : public train::Model {
+ public:
+  // Plans the model (set-up, no device memory).
+  TransformerModel(const Context& ctx, const TransformerShape& shape, int microbatches,
+                   std::shared_ptr<PlanCaches> caches);
+  // The batches it trains on (before the first load_batch); `loss_floor` is the data's (NaN: unknown).
+  void set_data(data::TokenFile file, uint64_t seed, double loss_floor);
+
+  Transformer& transformer() { return transformer_; }
+  const Transformer& transformer() const { return transformer_; }
+
+  std::string describe() const override { return transformer_.shape().describe(); }
+  train::ParamStore& params() override { return transformer_.params(); }
+  const train::ParamStore& params() const override { return transformer_.params(); }
+  void plan(ArenaPlan& plan) override { transformer_.plan(plan); }
+  void bind(const Arena& arena) override { transformer_.bind(arena); }
+  void initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) override;
+  void register_rng(graphs::RngTracker& rng) override { transformer_.register_rng(rng); }
+  std::vector<graphs::Region> regions() override;
+  int load_batch(cudaStream_t stream) override;
+  // (6 N + 12 L s d) per token, N this shard's parameters and d this shard's attention width
+  // (heads per GPU x head dim).
+  double flops_per_step() const override;
+  std::string flops_formula() const override;
+  double units_per_step() const override;  // tokens
+  double samples_per_step() const override;
+  std::string collectives() const override;
+  double loss_floor() const override { return loss_floor_; }
+  int64_t train_samples() const;  // sequences in the training data
+
+ private:
+  std::shared_ptr<PlanCaches> caches_;
+  Transformer transformer_;
+  std::optional<data::BatchStream> batches_;
+  double loss_floor_ = NAN;
 };
-// Generates or validates the data (before any GPU work), builds the shard, times the steps, prints
-// progress and the final table to `out`, writes the JSON summary and the MLPerf log when asked.
-RunResult run(const Workload& w, const Settings& settings, std::FILE* out = stdout);
 
-// The executable's main: parses the flags, resolves and runs; exit codes as bench::run_main.
-int workload_main(const Workload& w, int argc, char** argv);
+class TransformerWorkload : public train::Workload {
+ public:
+  explicit TransformerWorkload(Recipe recipe);
+
+  const train::WorkloadInfo& info() const override { return recipe_.info; }
+  const std::vector<train::Preset>& presets() const override { return preset_infos_; }
+  void add_flags(CLI::App& app) override;
+  void resolve(const train::RunFlags& flags) override;
+  nlohmann::ordered_json config() const override;
+  std::string precision() const override { return "bf16"; }
+  train::TrainingConfig training() const override;
+  void open_data(const train::RunFlags& flags, std::FILE* out) override;
+  std::unique_ptr<train::Model> build(Context& ctx, const train::TrainingConfig& training,
+                                      const train::RunFlags& flags, std::FILE* out) override;
+  void log_config(bench::MlLogger& log, const train::Model& model,
+                  const train::TrainingConfig& training) const override;
+
+  const Recipe& recipe() const { return recipe_; }
+  // The resolved shard (after resolve(); layers 0 until build() chose them for the budget).
+  const TransformerShape& shape() const { return shape_; }
+  int microbatches() const { return microbatches_; }
+  // The model build() returns, with its data, for a caller that drives a Trainer itself (tests).
+  std::unique_ptr<TransformerModel> build_model(Context& ctx, const train::TrainingConfig& training,
+                                                uint64_t seed, std::FILE* out);
+
+ private:
+  // The largest layer count whose run fits `budget` (plans only; no device memory).
+  int layers_for_budget(Context& ctx, const std::shared_ptr<PlanCaches>& caches,
+                        const train::TrainingConfig& training,
+                        size_t budget = kMemoryBudgetBytes) const;
+
+  Recipe recipe_;
+  std::vector<train::Preset> preset_infos_;
+  // Its own flags (0 and NaN: the preset's).
+  int layers_flag_ = 0;
+  int microbatches_ = 1;
+  double dropout_flag_ = NAN;
+  // Resolved.
+  TransformerShape shape_;
+  double dropout_ = 0;
+  std::string data_path_;
+  std::optional<data::TokenFile> file_;
+};
 
 }  // namespace replay::transformer

@@ -1,13 +1,15 @@
-// The benchmark harness on the CPU: flag parsing (defaults, every flag, clear errors naming the
-// flag), the JSON summary's keys and order exactly as reports/SCHEMA.md "Workload runs" lists them
-// (nulls for what was not measured), the atomic JSON writer, the hashes, the host delay, and
+// The benchmark harness on the CPU: the JSON summary's keys and order exactly as reports/SCHEMA.md
+// "Workload runs" lists them (nulls for what was not measured), the throughput named after the
+// workload's unit, evaluations, the atomic JSON writer, the hashes, the host launch delay, and
 // run_main's exit codes.
 #include "common/bench/harness.h"
+#include "common/check.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -16,127 +18,8 @@
 namespace replay::bench {
 namespace {
 
-const std::vector<std::string> kPresets = {"tiny", "big"};
-
-HarnessFlags parse(const std::vector<std::string>& args) {
-  const auto f = parse_flags("tool", args, kPresets, "tiny");
-  EXPECT_TRUE(f.has_value());
-  return f.value_or(HarnessFlags{});
-}
-
-std::string usage_error(const std::vector<std::string>& args) {
-  try {
-    parse_flags("tool", args, kPresets, "tiny");
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 bool has(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
-}
-
-TEST(HarnessFlags, DefaultsAndEveryFlag) {
-  const HarnessFlags d = parse({});
-  EXPECT_EQ(d.preset, "tiny");
-  EXPECT_EQ(d.graphs, "full");
-  EXPECT_EQ(d.steps, 0);
-  EXPECT_EQ(d.warmup, 3);
-  EXPECT_EQ(d.seed, 0u);
-  EXPECT_EQ(d.log_interval, 10);
-  EXPECT_EQ(d.microbatches, 1);
-  EXPECT_TRUE(std::isnan(d.dropout));
-  EXPECT_FALSE(d.verify_graphs);
-
-  const HarnessFlags f = parse({"--preset",
-                                "big",
-                                "--graphs",
-                                "layer",
-                                "--steps",
-                                "7",
-                                "--warmup",
-                                "0",
-                                "--seed",
-                                "18446744073709551615",
-                                "--data",
-                                "d.h5",
-                                "--json",
-                                "r.json",
-                                "--mllog",
-                                "r.mllog",
-                                "--verify-graphs",
-                                "--host-delay-us",
-                                "12.5",
-                                "--log-interval",
-                                "2",
-                                "--layers",
-                                "5",
-                                "--microbatches",
-                                "4",
-                                "--dropout",
-                                "0.1",
-                                "--device",
-                                "1"});
-  EXPECT_EQ(f.preset, "big");
-  EXPECT_EQ(f.graphs, "layer");
-  EXPECT_EQ(f.steps, 7);
-  EXPECT_EQ(f.warmup, 0);
-  EXPECT_EQ(f.seed, 18446744073709551615ull);
-  EXPECT_EQ(f.data, "d.h5");
-  EXPECT_EQ(f.json, "r.json");
-  EXPECT_EQ(f.mllog, "r.mllog");
-  EXPECT_TRUE(f.verify_graphs);
-  EXPECT_DOUBLE_EQ(f.host_delay_us, 12.5);
-  EXPECT_EQ(f.log_interval, 2);
-  EXPECT_EQ(f.layers, 5);
-  EXPECT_EQ(f.microbatches, 4);
-  EXPECT_DOUBLE_EQ(f.dropout, 0.1);
-  EXPECT_EQ(f.device, 1);
-  const std::string text = describe(f);
-  EXPECT_TRUE(has(text, "# graphs: layer\n")) << text;
-  EXPECT_TRUE(has(text, "# seed: 18446744073709551615\n")) << text;
-}
-
-TEST(HarnessFlags, BadFlagsAreRejectedNamingTheFlag) {
-  std::string m = usage_error({"--graphs", "partial"});
-  EXPECT_TRUE(has(m, "--graphs")) << m;
-  EXPECT_TRUE(has(m, "partial")) << m;
-  EXPECT_TRUE(has(m, "--help")) << m;
-  m = usage_error({"--preset", "huge"});
-  EXPECT_TRUE(has(m, "--preset") && has(m, "huge")) << m;
-  m = usage_error({"--bogus"});
-  EXPECT_TRUE(has(m, "--bogus")) << m;
-  m = usage_error({"--steps", "-3"});
-  EXPECT_TRUE(has(m, "--steps")) << m;
-  m = usage_error({"--steps", "many"});
-  EXPECT_TRUE(has(m, "--steps")) << m;
-  m = usage_error({"--dropout", "1.5"});
-  EXPECT_TRUE(has(m, "--dropout") && has(m, "1.5")) << m;
-  m = usage_error({"--dropout", "1"});
-  EXPECT_TRUE(has(m, "--dropout") && has(m, "below 1")) << m;
-  m = usage_error({"--microbatches", "0"});
-  EXPECT_TRUE(has(m, "--microbatches")) << m;
-  m = usage_error({"--log-interval", "0"});
-  EXPECT_TRUE(has(m, "--log-interval")) << m;
-  m = usage_error({"--seed", "-1"});
-  EXPECT_TRUE(has(m, "--seed")) << m;
-  m = usage_error({"--host-delay-us", "-1"});
-  EXPECT_TRUE(has(m, "--host-delay-us")) << m;
-}
-
-TEST(HarnessFlags, HelpPrintsEveryFlagAndReturnsNothing) {
-  std::FILE* out = std::tmpfile();
-  ASSERT_NE(out, nullptr);
-  EXPECT_FALSE(parse_flags("tool", {"--help"}, kPresets, "tiny", out).has_value());
-  std::rewind(out);
-  std::string text;
-  for (int c; (c = std::fgetc(out)) != EOF;) text += static_cast<char>(c);
-  std::fclose(out);
-  for (const char* flag : {"--preset", "--graphs", "--steps", "--warmup", "--seed", "--data",
-                           "--json", "--mllog", "--verify-graphs", "--host-delay-us",
-                           "--log-interval", "--layers", "--microbatches", "--dropout", "--device"})
-    EXPECT_TRUE(has(text, flag)) << flag << " missing from --help:\n" << text;
 }
 
 TEST(HarnessMain, ExitCodes) {
@@ -159,7 +42,8 @@ WorkloadReport sample_report() {
   r.tensor_parallel_collectives = "not run (1 process)";
   r.step_ms = summarize({10.0, 20.0, 30.0});
   r.host_enqueue_us = summarize({100.0, 200.0});
-  r.tokens_per_step = 4096;
+  r.unit = "tokens";
+  r.units_per_step = 4096;
   r.samples_per_step = 2;
   r.flops_per_step = 2e12;
   r.flops_formula = "6*N*tokens";
@@ -190,7 +74,7 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
       "step_ms",        "host_enqueue_us", "throughput", "model_tflops",
       "flops_per_step", "flops_formula",   "mfu",        "peaks",
       "memory",         "graphs_info",     "losses",     "loss_hash",
-      "weights_hash",   "loss_floor"};
+      "weights_hash",   "loss_floor",      "evaluation"};
   EXPECT_EQ(keys_of(j), expected);
   EXPECT_EQ(keys_of(j["step_ms"]),
             (std::vector<std::string>{"median", "p10", "p90", "mean", "count"}));
@@ -211,6 +95,26 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
   EXPECT_EQ(j["losses"].size(), 2u);
   EXPECT_EQ(j["loss_hash"], loss_hash({6.25f, 6.0f}));
   EXPECT_EQ(j["loss_floor"].get<double>(), 1.25);
+  EXPECT_TRUE(j["evaluation"].is_null());
+}
+
+TEST(HarnessJson, ThroughputTakesTheUnitsNameAndEvaluationsAreListed) {
+  WorkloadReport r = sample_report();
+  r.unit = "images";
+  r.units_per_step = 64;
+  r.eval_metric = "loss";
+  r.evals = {{10, 512, 2.5}, {20, 512, 2.25}};
+  const nlohmann::ordered_json j = to_json(r);
+  EXPECT_EQ(keys_of(j["throughput"]), (std::vector<std::string>{"images_per_s", "samples_per_s"}));
+  EXPECT_DOUBLE_EQ(j["throughput"]["images_per_s"].get<double>(), 64 / 0.020);
+  EXPECT_EQ(j["evaluation"]["metric"], "loss");
+  ASSERT_EQ(j["evaluation"]["results"].size(), 2u);
+  EXPECT_EQ(j["evaluation"]["results"][1]["step"], 20);
+  EXPECT_EQ(j["evaluation"]["results"][1]["samples"], 512);
+  EXPECT_DOUBLE_EQ(j["evaluation"]["results"][1]["value"].get<double>(), 2.25);
+  const std::string text = summary(r);
+  EXPECT_TRUE(has(text, "images/s")) << text;
+  EXPECT_TRUE(has(text, "loss 2.25 after step 20")) << text;
 }
 
 TEST(HarnessJson, WhatWasNotMeasuredIsNull) {
@@ -263,18 +167,28 @@ TEST(HarnessHash, PiecesEqualTheWholeAndBitsMatter) {
   EXPECT_EQ(loss_hash({1.0f, 2.0f}), loss_hash({1.0f, 2.0f}));
 }
 
-TEST(HarnessHostDelay, BusyWaitsTheGivenTime) {
-  const HostDelay none;
-  const HostDelay delay(2000.0);  // 2 ms
-  EXPECT_DOUBLE_EQ(delay.microseconds(), 2000.0);
-  const auto t0 = std::chrono::steady_clock::now();
-  none();
-  const auto t1 = std::chrono::steady_clock::now();
-  delay();
-  const auto t2 = std::chrono::steady_clock::now();
+TEST(HarnessJson, FloatsPrintAsTheirShortestDecimal) {
+  EXPECT_EQ(decimal(0.1f), 0.1);
+  EXPECT_EQ(decimal(1e-4f), 1e-4);
+  EXPECT_EQ(decimal(2e-5f), 2e-5);
+  EXPECT_EQ(decimal(0.95f), 0.95);
+  EXPECT_EQ(static_cast<float>(decimal(1.0f / 3.0f)), 1.0f / 3.0f);
+  EXPECT_TRUE(std::isnan(decimal(NAN)));
+}
+
+TEST(HarnessHostDelay, EveryLaunchWaitsTheSetTime) {
+  ASSERT_DOUBLE_EQ(host_launch_delay_us(), 0.0);
   using us = std::chrono::duration<double, std::micro>;
-  EXPECT_LT(us(t1 - t0).count(), 500.0);
-  EXPECT_GE(us(t2 - t1).count(), 2000.0);
+  auto t0 = std::chrono::steady_clock::now();
+  detail::host_launch_delay();
+  EXPECT_LT(us(std::chrono::steady_clock::now() - t0).count(), 500.0) << "off by default";
+  set_host_launch_delay_us(2000.0);  // 2 ms
+  EXPECT_DOUBLE_EQ(host_launch_delay_us(), 2000.0);
+  t0 = std::chrono::steady_clock::now();
+  detail::host_launch_delay();
+  EXPECT_GE(us(std::chrono::steady_clock::now() - t0).count(), 2000.0);
+  set_host_launch_delay_us(0.0);
+  EXPECT_THROW(set_host_launch_delay_us(-1.0), Error);
   EXPECT_NE(seed_from_clock(), 0u);
 }
 

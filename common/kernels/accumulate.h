@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace replay::transformer {
+namespace replay {
 
 // dst[i] += src[i] for i < n (fp32). dst and src 16-byte aligned.
 void accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);
@@ -16,4 +16,4 @@ void accumulate(float* dst, const float* src, int64_t n, cudaStream_t stream);
 // bit-identical to the same loop on the host.
 void mean_of(float* dst, const float* src, int n, cudaStream_t stream);
 
-}  // namespace replay::transformer
+}  // namespace replay

@@ -1,6 +1,6 @@
 // The gradient-accumulation helpers against host loops: fp32 accumulation in place (16-byte packs
 // and ragged tails) and the ordered mean, both bit-identical to the host.
-#include "workloads/transformer/accumulate.h"
+#include "common/kernels/accumulate.h"
 
 #include <cuda_runtime.h>  // the typed cudaMalloc DeviceBuffer uses
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 
 #include "tests/support/compare.h"
 
-namespace replay::transformer {
+namespace replay {
 namespace {
 
 using test::DeviceBuffer;
@@ -51,4 +51,4 @@ TEST(Accumulate, MeanSumsInOrder) {
 }
 
 }  // namespace
-}  // namespace replay::transformer
+}  // namespace replay

@@ -1,10 +1,17 @@
 // params.cpp: parameter layout, initialization and optimizer tables.
-#include "workloads/transformer/params.h"
+#include "train/params.h"
 
 #include "common/check.h"
 #include "common/kernels/init.h"
 
-namespace replay::transformer {
+namespace replay::train {
+
+ParamStore::ParamStore(DType weight_dtype) : weight_dtype_(weight_dtype) {
+  REPLAY_REQUIRE(weight_dtype == DType::kBF16 || weight_dtype == DType::kFP16 ||
+                     weight_dtype == DType::kFP32,
+                 std::string("parameter weights must be bf16, fp16 or fp32, got ") +
+                     dtype_name(weight_dtype));
+}
 
 ParamId ParamStore::add(ParamSpec spec) {
   REPLAY_REQUIRE(!planned_, "parameter '" + spec.name + "' added after the arena was planned");
@@ -27,7 +34,8 @@ int64_t ParamStore::total_numel() const {
 void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
   REPLAY_REQUIRE(!specs_.empty(), "a model without parameters");
   planned_ = true;
-  weights_id_ = plan.add("params.bf16", DType::kBF16, end_, "params");
+  weights_id_ = plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_,
+                         "params");
   masters_id_ = plan.add("params.master", DType::kFP32, end_, "optimizer");
   m_id_ = plan.add("adam.exp_avg", DType::kFP32, end_, "optimizer");
   v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, end_, "optimizer");
@@ -44,7 +52,7 @@ void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
 
 void ParamStore::bind(const Arena& arena) {
   REPLAY_REQUIRE(planned_, "ParamStore::bind before plan");
-  weights_ = arena.as<__nv_bfloat16>(weights_id_);
+  weights_ = arena.data(weights_id_);
   masters_ = arena.as<float>(masters_id_);
   grads_ = arena.as<float>(grads_id_);
   m_ = arena.as<float>(m_id_);
@@ -55,7 +63,7 @@ void ParamStore::bind(const Arena& arena) {
 }
 
 TensorView ParamStore::weights() const {
-  return TensorView(weights_, DType::kBF16, {end_});
+  return TensorView(weights_, weight_dtype_, {end_});
 }
 TensorView ParamStore::masters() const {
   return TensorView(masters_, DType::kFP32, {end_});
@@ -78,7 +86,7 @@ TensorView ParamStore::range(void* base, DType dtype, ParamId first, ParamId las
 }
 
 TensorView ParamStore::weight_range(ParamId first, ParamId last) const {
-  return range(weights_, DType::kBF16, first, last);
+  return range(weights_, weight_dtype_, first, last);
 }
 TensorView ParamStore::grad_range(ParamId first, ParamId last) const {
   return range(grads_, DType::kFP32, first, last);
@@ -87,7 +95,7 @@ TensorView ParamStore::grad_range(ParamId first, ParamId last) const {
 void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
   REPLAY_REQUIRE(weights_ != nullptr, "ParamStore::initialize before bind");
   const auto n = static_cast<size_t>(end_);
-  REPLAY_CUDA_CHECK(cudaMemsetAsync(weights_, 0, n * sizeof(__nv_bfloat16), stream));
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(weights_, 0, n * dtype_size(weight_dtype_), stream));
   for (float* p : {masters_, grads_, m_, v_})
     REPLAY_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream));
   AdamWTableBuilder adamw;
@@ -95,8 +103,8 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
   for (ParamId id = 0; id < count(); ++id) {
     const ParamSpec& s = spec(id);
     const TensorView fp32(master(id), DType::kFP32, {numel(id)});
-    const TensorView bf16(weight(id), DType::kBF16, {numel(id)});
-    for (const TensorView& t : {fp32, bf16}) {
+    const TensorView model(weight(id), weight_dtype_, {numel(id)});
+    for (const TensorView& t : {fp32, model}) {
       switch (s.init) {
         case ParamInit::kNormal:
           init_normal(t, seed, static_cast<uint64_t>(id) + 1, 0.0f, s.stddev, stream);
@@ -109,7 +117,7 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
           break;
       }
     }
-    adamw.add(master(id), weight(id), grad(id), m_ + offset(id), v_ + offset(id), numel(id),
+    adamw.add(master(id), model, grad(id), m_ + offset(id), v_ + offset(id), numel(id),
               s.weight_decay);
     norms.add(grad(id), numel(id));
   }
@@ -117,4 +125,4 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
   grad_norm_table_ = norms.build(norm_table_memory_, norm_table_bytes_, stream);
 }
 
-}  // namespace replay::transformer
+}  // namespace replay::train

@@ -1,11 +1,12 @@
-// faults.cu: the planted faults of --inject and their one-block kernels.
-#include "workloads/transformer/faults.h"
+// faults.cu: the fault catalogue, the planted faults of --inject and their one-block kernels.
+#include "graphs/faults.h"
 
-#include "common/bench/harness.h"
+#include <cstdio>
+
 #include "common/check.h"
 #include "common/philox.h"
 
-namespace replay::transformer {
+namespace replay::graphs {
 
 namespace {
 
@@ -37,17 +38,51 @@ __global__ void fault_count_kernel(float* probe) {
 
 }  // namespace
 
+const std::vector<FaultInfo>& fault_catalogue() {
+  static const std::vector<FaultInfo> faults = {
+      {Fault::kHostSync, "host-sync-in-capture",
+       "cudaStreamSynchronize inside the region: capture refused (error 900, host sync)"},
+      {Fault::kMalloc, "malloc-in-capture",
+       "cudaMalloc/cudaFree inside the region: capture refused (error 900, memory allocation)"},
+      {Fault::kScalarByValue, "scalar-by-value",
+       "a host step counter passed to a kernel by value: frozen at capture, --verify-graphs names "
+       "the output"},
+      {Fault::kRngByValue, "rng-by-value",
+       "a random op given its Philox seed/offset by value: every replay draws the same numbers, "
+       "--verify-graphs names the output"},
+      {Fault::kStaleInput, "stale-input",
+       "the region's input re-pointed after capture: the argument check names region and argument"},
+      {Fault::kUnjoinedStream, "unjoined-stream",
+       "a side stream forked inside the region and never joined: capture refused (error 904)"},
+      {Fault::kLegacyStream, "legacy-stream",
+       "a kernel on the legacy default stream: runs at capture, missing from the graph, "
+       "--verify-graphs names the output"},
+  };
+  return faults;
+}
+
+std::string describe_faults() {
+  std::string text;
+  for (const FaultInfo& f : fault_catalogue()) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "  %-22s %s\n", f.name, f.what);
+    text += line;
+  }
+  return text;
+}
+
 Fault parse_fault(const std::string& name) {
   if (name.empty()) return Fault::kNone;
-  if (name == "host-sync-in-capture") return Fault::kHostSync;
-  if (name == "malloc-in-capture") return Fault::kMalloc;
-  if (name == "scalar-by-value") return Fault::kScalarByValue;
-  if (name == "rng-by-value") return Fault::kRngByValue;
-  if (name == "stale-input") return Fault::kStaleInput;
-  if (name == "unjoined-stream") return Fault::kUnjoinedStream;
-  if (name == "legacy-stream") return Fault::kLegacyStream;
+  for (const FaultInfo& f : fault_catalogue())
+    if (name == f.name) return f.fault;
   throw Error("replay", "invalid argument",
-              "--inject: unknown fault '" + name + "' (one of):\n" + bench::describe_faults());
+              "--inject: unknown fault '" + name + "' (one of):\n" + describe_faults());
+}
+
+const char* fault_name(Fault fault) {
+  for (const FaultInfo& f : fault_catalogue())
+    if (f.fault == fault) return f.name;
+  return "";
 }
 
 FaultInjector::FaultInjector(Fault fault, uint64_t seed) : fault_(fault), seed_(seed) {
@@ -67,7 +102,7 @@ FaultInjector::~FaultInjector() {
   if (buffers_) cudaFree(buffers_);
 }
 
-void FaultInjector::add_args(graphs::RegionArgs& args) {
+void FaultInjector::add_args(RegionArgs& args) {
   if (fault_ == Fault::kNone) return;
   args.write("fault.probe", TensorView(buffers_, DType::kFP32, {kProbe}));
   if (fault_ == Fault::kStaleInput) {
@@ -79,7 +114,7 @@ void FaultInjector::add_args(graphs::RegionArgs& args) {
   }
 }
 
-void FaultInjector::enqueue(cudaStream_t stream, const graphs::RegionArgs& args) {
+void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
   float* probe = buffers_;
   switch (fault_) {
     case Fault::kNone:
@@ -128,4 +163,4 @@ void FaultInjector::enqueue(cudaStream_t stream, const graphs::RegionArgs& args)
   }
 }
 
-}  // namespace replay::transformer
+}  // namespace replay::graphs

@@ -1,11 +1,11 @@
-// params.h: ParamStore, the parameters of a model laid out in five contiguous arena buffers (bf16
-// model weights, fp32 master weights, fp32 gradients, Adam's two fp32 moments), each tensor at the
-// same element offset in all five and 256-byte aligned, plus the multi-tensor tables the optimizer
-// and the gradient norm run on. One buffer per kind keeps step-plan state, region arguments and
-// hashes simple: a layer's parameters are one contiguous range.
+// params.h: ParamStore, the parameters of a model laid out in five contiguous arena buffers (model
+// weights in the model's dtype: bf16, fp16 or fp32; fp32 master weights, fp32 gradients, Adam's two
+// fp32 moments), each tensor at the same element offset in all five and 256-byte aligned, plus the
+// multi-tensor tables the optimizer and the gradient norm run on. One buffer per kind keeps
+// step-plan state, region arguments and hashes simple: a layer's parameters are one contiguous
+// range.
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,9 +15,10 @@
 #include "common/arena.h"
 #include "common/optim/adamw.h"
 #include "common/optim/grad_norm.h"
+#include "common/check.h"
 #include "common/tensor.h"
 
-namespace replay::transformer {
+namespace replay::train {
 
 enum class ParamInit : uint8_t { kNormal, kZeros, kOnes };
 
@@ -37,6 +38,10 @@ class ParamStore {
   // assume (GemmDesc::alignment).
   static constexpr int64_t kAlignElements = 128;
 
+  // `weight_dtype`: what the model computes with (bf16, fp16 or fp32).
+  explicit ParamStore(DType weight_dtype = DType::kBF16);
+  DType weight_dtype() const { return weight_dtype_; }
+
   // Registers a tensor; only before plan().
   ParamId add(ParamSpec spec);
 
@@ -53,8 +58,18 @@ class ParamStore {
   void bind(const Arena& arena);
 
   // After bind(): pointers to one tensor, and views of whole buffers or of the contiguous range of
-  // tensors [first, last] (region arguments and state of the step plan).
-  __nv_bfloat16* weight(ParamId id) const { return weights_ + offset(id); }
+  // tensors [first, last] (region arguments and state of the step plan). weight<T>() checks that T
+  // has the size of the weight dtype.
+  void* weight(ParamId id) const {
+    return static_cast<char*>(weights_) +
+           offset(id) * static_cast<int64_t>(dtype_size(weight_dtype_));
+  }
+  template <typename T>
+  T* weight(ParamId id) const {
+    REPLAY_REQUIRE(sizeof(T) == dtype_size(weight_dtype_),
+                   std::string("parameter weights are ") + dtype_name(weight_dtype_));
+    return static_cast<T*>(weight(id));
+  }
   float* master(ParamId id) const { return masters_ + offset(id); }
   float* grad(ParamId id) const { return grads_ + offset(id); }
   TensorView weights() const;
@@ -67,7 +82,7 @@ class ParamStore {
 
   // Set-up (synchronizes `stream`): zeroes all five buffers (gaps included, so hashes and
   // verification see defined bytes), draws every master weight (Philox: seed, stream id = id + 1)
-  // and the bf16 weight from the same draws (so weight = bf16(master)), and builds the tables.
+  // and the model weight from the same draws (so weight = dtype(master)), and builds the tables.
   void initialize(uint64_t seed, cudaStream_t stream);
 
   const AdamWTable& adamw_table() const { return adamw_table_; }
@@ -78,13 +93,14 @@ class ParamStore {
  private:
   TensorView range(void* base, DType dtype, ParamId first, ParamId last) const;
 
+  DType weight_dtype_;
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> numel_, offset_;
   int64_t end_ = 0;
   bool planned_ = false;
   BufferId weights_id_ = -1, masters_id_ = -1, grads_id_ = -1, m_id_ = -1, v_id_ = -1;
   BufferId adamw_table_id_ = -1, norm_table_id_ = -1, norm_ws_id_ = -1;
-  __nv_bfloat16* weights_ = nullptr;
+  void* weights_ = nullptr;
   float *masters_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   void* adamw_table_memory_ = nullptr;
   size_t adamw_table_bytes_ = 0;
@@ -96,4 +112,4 @@ class ParamStore {
   GradNormTable grad_norm_table_;
 };
 
-}  // namespace replay::transformer
+}  // namespace replay::train

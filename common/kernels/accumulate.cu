@@ -1,12 +1,12 @@
 // accumulate.cu: fp32 accumulation and the ordered mean of a few scalars.
-#include "workloads/transformer/accumulate.h"
+#include "common/kernels/accumulate.h"
 
 #include <algorithm>
 
 #include "common/check.h"
 #include "common/device_utils.cuh"
 
-namespace replay::transformer {
+namespace replay {
 namespace {
 
 // Four floats per thread with 16-byte accesses; the tail (n % 4) element-wise.
@@ -50,4 +50,4 @@ void mean_of(float* dst, const float* src, int n, cudaStream_t stream) {
   REPLAY_LAUNCH_CHECK();
 }
 
-}  // namespace replay::transformer
+}  // namespace replay

@@ -1,18 +1,19 @@
-// faults.h: FaultInjector, the hook behind --inject: one planted CUDA-graph bug inside one region
-// of the transformer step (exercises/README.md, "Fault injection in the workloads"). The hook only
-// plants; the graph layer's own diagnostics (capture-fault classification, the argument check
-// before each replay, --verify-graphs) detect and name it. Every planted kernel is one block
-// touching four floats.
+// faults.h: the catalogue of CUDA-graph faults a training step can be given (--inject), and
+// FaultInjector, which plants one of them inside one region of a step plan (exercises/README.md,
+// "Fault injection in the workloads"). The injector only plants; the graph layer's own diagnostics
+// (capture-fault classification, the argument check before each replay, --verify-graphs) detect
+// and name it. Every planted kernel is one block touching four floats.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "graphs/step_plan.h"
 
-namespace replay::transformer {
+namespace replay::graphs {
 
 enum class Fault {
   kNone,
@@ -25,14 +26,22 @@ enum class Fault {
   kLegacyStream,    // a kernel launched on the legacy default stream (C7, N11)
 };
 
-// The Fault an --inject value names (bench::injectable_faults()); "" is kNone; else throws Error.
+// One entry of the catalogue.
+struct FaultInfo {
+  Fault fault;
+  const char* name;  // the --inject value: "host-sync-in-capture"
+  const char* what;  // one line: the bug it plants and who detects it
+};
+// Every fault but kNone, in the order --inject help lists them.
+const std::vector<FaultInfo>& fault_catalogue();
+// The catalogue, one "  name  what" line each (`--inject help`, and a bad value's error).
+std::string describe_faults();
+// The Fault an --inject value names; "" is kNone; anything else throws Error listing the catalogue.
 Fault parse_fault(const std::string& name);
+const char* fault_name(Fault fault);  // "" for kNone
 
 class FaultInjector {
  public:
-  // The region the fault is planted in (the first layer's forward of the first micro-batch).
-  static constexpr const char* kRegion = "layer0.fwd";
-
   // Set-up, outside any capture: the probe and input buffers, and for unjoined-stream the side
   // stream and its fork event. `seed` feeds rng-by-value. Synchronizes.
   FaultInjector(Fault fault, uint64_t seed);
@@ -46,10 +55,10 @@ class FaultInjector {
   // the planted kernel writes, so --verify-graphs compares them) and, for stale-input,
   // "fault.input" (read), which each call hands out as the other of two identical buffers (a
   // double-buffered input).
-  void add_args(graphs::RegionArgs& args);
+  void add_args(RegionArgs& args);
   // Enqueues the planted operation at the end of the region's work on `stream`; `args` are the
   // region's arguments of this run (those add_args contributed among them).
-  void enqueue(cudaStream_t stream, const graphs::RegionArgs& args);
+  void enqueue(cudaStream_t stream, const RegionArgs& args);
 
  private:
   Fault fault_;
@@ -61,4 +70,4 @@ class FaultInjector {
   cudaEvent_t fork_ = nullptr;
 };
 
-}  // namespace replay::transformer
+}  // namespace replay::graphs

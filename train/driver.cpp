@@ -1,0 +1,310 @@
+// driver.cpp: flags to a timed run, the same for every workload (driver.h).
+#include "train/driver.h"
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+
+#include "common/bench/mllog.h"
+#include "common/check.h"
+#include "common/version.h"
+#include "train/trainer.h"
+
+namespace replay::train {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::string> preset_names(const Workload& w) {
+  std::vector<std::string> names;
+  for (const Preset& p : w.presets()) names.push_back(p.name);
+  return names;
+}
+
+const Preset& find_preset(const Workload& w, const std::string& name) {
+  for (const Preset& p : w.presets())
+    if (p.name == name) return p;
+  std::string have;
+  for (const std::string& n : preset_names(w)) have += (have.empty() ? "" : ", ") + n;
+  throw bench::UsageError("--preset: '" + name + "' is not a " + w.info().family + " preset (" +
+                          have + ")");
+}
+
+// The JSON summary's "config": the workload's, then what the run adds.
+nlohmann::ordered_json run_config(const Workload& w, const RunFlags& f) {
+  nlohmann::ordered_json c = w.config();
+  c["seed"] = f.seed;
+  c["steps"] = f.steps;
+  c["warmup"] = f.warmup;
+  c["precision"] = w.precision();
+  if (f.host_delay_us > 0) c["host_delay_us"] = f.host_delay_us;  // SCHEMA.md: only when set
+  return c;
+}
+
+nlohmann::ordered_json to_json(const TrainingConfig& t) {
+  nlohmann::ordered_json j;
+  using bench::decimal;
+  j["optimizer"] = {{"name", "adamw"},
+                    {"beta1", decimal(t.adam.beta1)},
+                    {"beta2", decimal(t.adam.beta2)},
+                    {"eps", decimal(t.adam.eps)},
+                    {"weight_decay", decimal(t.adam.weight_decay)},
+                    {"clip_norm", decimal(t.clip_norm)}};
+  const LrSchedule& s = t.schedule;
+  j["schedule"] = {{"kind", s.kind == LrKind::kWarmupCosine     ? "warmup_cosine"
+                            : s.kind == LrKind::kWarmupConstant ? "warmup_constant"
+                                                                : "rnnt_warmup_hold_decay"},
+                   {"lr", decimal(s.base_lr)},
+                   {"min_lr", decimal(s.min_lr)},
+                   {"warmup_steps", s.warmup_steps},
+                   {"decay_steps", s.total_steps},
+                   {"text", describe(s)}};
+  if (t.loss_scaling) {
+    const LossScalerConfig& l = *t.loss_scaling;
+    j["loss_scaling"] = {{"init_scale", decimal(l.init_scale)},
+                         {"growth_factor", decimal(l.growth_factor)},
+                         {"backoff_factor", decimal(l.backoff_factor)},
+                         {"growth_interval", l.growth_interval},
+                         {"hysteresis", l.hysteresis}};
+  } else {
+    j["loss_scaling"] = nullptr;
+  }
+  return j;
+}
+
+// Resets the process-wide launch delay when the run ends, however it ends.
+class LaunchDelayScope {
+ public:
+  explicit LaunchDelayScope(double us) { set_host_launch_delay_us(us); }
+  ~LaunchDelayScope() { set_host_launch_delay_us(0); }
+  LaunchDelayScope(const LaunchDelayScope&) = delete;
+  LaunchDelayScope& operator=(const LaunchDelayScope&) = delete;
+};
+
+}  // namespace
+
+std::optional<RunFlags> parse(Workload& w, const std::vector<std::string>& args,
+                              std::FILE* out) {
+  const WorkloadInfo& info = w.info();
+  return parse_flags(info.tool, preset_names(w), info.default_preset,
+                     [&w](CLI::App& app) { w.add_flags(app); }, args, out);
+}
+
+RunFlags resolve(Workload& w, RunFlags f) {
+  const Preset& preset = find_preset(w, f.preset);
+  if (f.steps == 0) f.steps = preset.steps;
+  if (f.seed == 0) f.seed = bench::seed_from_clock();
+  if (f.eval_interval > 0 && !w.evaluates())
+    throw bench::UsageError("--eval-interval: " + w.info().tool + " has no evaluation yet");
+  w.resolve(f);
+  training_config(w, f);  // the schedule the flags make must be valid
+  return f;
+}
+
+TrainingConfig training_config(const Workload& w, const RunFlags& f) {
+  TrainingConfig t = w.training();
+  LrSchedule& s = t.schedule;
+  if (!std::isnan(f.lr)) s.base_lr = static_cast<float>(f.lr);
+  if (!std::isnan(f.min_lr)) s.min_lr = static_cast<float>(f.min_lr);
+  if (f.warmup_steps >= 0) s.warmup_steps = f.warmup_steps;
+  if (f.decay_steps >= 0) s.total_steps = f.decay_steps;
+  try {
+    validate(s);
+  } catch (const Error& e) {
+    throw bench::UsageError(std::string("the learning-rate schedule: ") + e.what());
+  }
+  return t;
+}
+
+nlohmann::ordered_json resolved_config(const Workload& w, const RunFlags& f) {
+  nlohmann::ordered_json j;
+  j["tool"] = w.info().tool;
+  j["version"] = version();
+  j["workload"] = w.info().name;
+  j["preset"] = f.preset;
+  j["graphs"] = f.graphs;
+  j["config"] = run_config(w, f);
+  j["training"] = to_json(training_config(w, f));
+  return j;
+}
+
+RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& options) {
+  const WorkloadInfo& info = w.info();
+  const TrainingConfig training = training_config(w, f);
+  std::fprintf(out, "# %s %s: %s\n%s", info.tool.c_str(), version(),
+               find_preset(w, f.preset).description.c_str(), describe(f).c_str());
+  std::fprintf(out, "# schedule: %s\n", describe(training.schedule).c_str());
+
+  // Data first: a missing or malformed file is an error before any GPU work.
+  w.open_data(f, out);
+
+  Context ctx(f.device);
+  const EnvironmentReport env = ctx.environment();
+  std::fputs(env.to_text().c_str(), out);
+
+  bench::MlLogOptions log_options;
+  log_options.path = f.mllog;
+  bench::MlLogger mllog(std::move(log_options));
+  namespace k = bench::mlkey;
+  mllog.event(k::kCacheClear, false);
+  mllog.start(k::kInitStart);
+
+  // The model and the arena.
+  const LaunchDelayScope delay(f.host_delay_us);
+  std::unique_ptr<Model> model = w.build(ctx, training, f, out);
+  TrainerOptions topt;
+  topt.mode = graphs::parse_graph_mode(f.graphs);
+  topt.warmup = f.warmup;
+  topt.seed = f.seed;
+  topt.measure_peak = options.measure_peak;
+  topt.fault = graphs::parse_fault(f.inject);
+  Trainer trainer(ctx, *model, training, topt);
+  std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", model->describe().c_str(),
+               model->params().total_numel());
+  trainer.allocate();
+  std::fputs(trainer.arena().table().c_str(), out);
+  if (trainer.peaks().bf16_gemm_tflops > 0)
+    std::fprintf(out, "# peak: bf16 GEMM %.1f TFLOP/s (8192^3, measured)\n",
+                 trainer.peaks().bf16_gemm_tflops);
+  if (!trainer.fault_region().empty())
+    std::fprintf(out, "# inject: %s, planted in region '%s'\n", f.inject.c_str(),
+                 trainer.fault_region().c_str());
+
+  // The MLPerf configuration.
+  const std::optional<EvalInfo> eval = model->evaluation();
+  const int64_t eval_samples =
+      f.eval_interval == 0 ? 0 : (f.eval_samples > 0 ? f.eval_samples : eval->default_samples);
+  mllog.event(k::kSubmissionBenchmark, info.mllog_benchmark);
+  mllog.event(k::kSubmissionOrg, "replay");
+  mllog.event(k::kSubmissionPlatform, "1x" + std::string(ctx.props().name));
+  mllog.event(k::kSubmissionStatus, "research");
+  mllog.event(k::kConfigFilename, f.preset);
+  mllog.event(k::kSeed, f.seed);
+  mllog.event(k::kReplayGraphMode, f.graphs);
+  mllog.event(k::kReplayWorldSize, 1);
+  w.log_config(mllog, *model, training);
+  mllog.event(k::kEvalSamples, eval_samples);
+
+  // Warm-up and capture, on the first batch.
+  const auto t0 = std::chrono::steady_clock::now();
+  trainer.prepare();
+  const bool graphed = topt.mode != graphs::GraphMode::kNone;
+  std::fprintf(out, "# prepare: %d neutral warm-up steps%s in %.1f ms\n", f.warmup,
+               graphed ? " and capture" : "", ms_since(t0));
+  if (graphed) {
+    std::fputs(trainer.step_plan().describe().c_str(), out);
+    if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
+  }
+  mllog.end(k::kInitStop);
+  mllog.start(k::kRunStart);
+  mllog.start(k::kBlockStart, {{k::kSamplesCount, 0}});
+
+  // The timed steps, with evaluations between them.
+  RunResult r;
+  bench::WorkloadReport& rep = r.report;
+  const double samples_per_step = model->samples_per_step();
+  bench::LoopConfig loop;
+  loop.steps = f.steps;
+  loop.log_interval = f.log_interval;
+  loop.untimed_steps = f.verify_graphs ? 1 : 0;
+  loop.units_per_step = model->units_per_step();
+  loop.unit_short = info.unit_short;
+  loop.flops_per_step = model->flops_per_step();
+  loop.peak_tflops = trainer.peaks().bf16_gemm_tflops;
+  bench::LoopCallbacks callbacks;
+  callbacks.enqueue = [&](int64_t step) {
+    if (step > 0) trainer.load_batch();
+    if (step == 0 && f.verify_graphs) {
+      const graphs::VerifyReport v = trainer.verify_step();
+      std::fprintf(out, "# %s\n", v.message().c_str());
+      if (!v.ok) throw Error("replay", "verify-graphs", v.message());
+    } else {
+      trainer.step();
+    }
+  };
+  callbacks.read = [&](int64_t step) { return trainer.read(step); };
+  callbacks.on_progress = [&](int64_t step, double units_per_s, const bench::StepSample& s) {
+    mllog.tracked_stats(step + 1, {{"throughput", units_per_s}, {"loss", s.loss}});
+  };
+  callbacks.after_step = [&](int64_t step) {
+    const int64_t done = step + 1;
+    if (f.eval_interval == 0 || (done % f.eval_interval != 0 && done != f.steps)) return false;
+    const auto samples = static_cast<int64_t>(static_cast<double>(done) * samples_per_step);
+    mllog.end(k::kBlockStop, {{k::kSamplesCount, samples}});
+    mllog.start(k::kEvalStart, {{k::kSamplesCount, samples}});
+    const auto e0 = std::chrono::steady_clock::now();
+    const double value = trainer.evaluate(eval_samples);
+    mllog.event(k::kEvalAccuracy, value, {{k::kSamplesCount, samples}});
+    mllog.end(k::kEvalStop, {{k::kSamplesCount, samples}});
+    std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n",
+                 done, eval->metric.c_str(), value, eval_samples, ms_since(e0));
+    rep.evals.push_back({done, eval_samples, value});
+    if (done != f.steps) mllog.start(k::kBlockStart, {{k::kSamplesCount, samples}});
+    return true;
+  };
+  const bench::LoopResult result = bench::run_steps(ctx.stream(), loop, callbacks, out);
+  const auto trained = static_cast<int64_t>(static_cast<double>(f.steps) * samples_per_step);
+  if (f.eval_interval == 0) mllog.end(k::kBlockStop, {{k::kSamplesCount, trained}});
+  mllog.end(k::kRunStop, {{k::kStatus, k::kSuccess}});
+
+  // The summary.
+  rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -
+                   static_cast<int64_t>(trainer.used_before_arena());
+  rep.arena_bytes = static_cast<int64_t>(trainer.arena().size_bytes());
+  rep.tool = info.tool;
+  rep.version = version();
+  rep.workload = info.name;
+  rep.preset = f.preset;
+  rep.graphs = f.graphs;
+  rep.environment = env;
+  rep.config = run_config(w, f);
+  rep.tensor_parallel_collectives = model->collectives();
+  rep.step_ms = result.step_stats;
+  rep.host_enqueue_us = result.host_stats;
+  rep.unit = info.unit;
+  rep.units_per_step = model->units_per_step();
+  rep.samples_per_step = samples_per_step;
+  rep.flops_per_step = model->flops_per_step();
+  rep.flops_formula = model->flops_formula();
+  rep.peak_tflops = trainer.peaks().bf16_gemm_tflops;
+  for (const graphs::GraphStats& g : trainer.step_plan().graph_stats()) {
+    rep.graph_count += 1;
+    rep.graph_nodes += static_cast<int64_t>(g.nodes);
+    rep.capture_ms += g.capture_ms;
+    rep.instantiate_ms += g.instantiate_ms;
+  }
+  rep.losses = result.losses;
+  if (eval) rep.eval_metric = f.eval_interval > 0 ? eval->metric : "";
+  const ParamStore& ps = model->params();
+  rep.weights_hash = bench::device_hash(ps.weights().data, ps.weights().bytes());
+  r.master_hash = bench::device_hash(ps.masters().data, ps.masters().bytes());
+  rep.loss_floor = model->loss_floor();
+
+  std::fputs(bench::summary(rep).c_str(), out);
+  if (!f.json.empty()) {
+    bench::write_json(f.json, bench::to_json(rep));
+    std::fprintf(out, "# wrote %s\n", f.json.c_str());
+  }
+  std::fflush(out);
+  return r;
+}
+
+int main(Workload& w, int argc, char** argv) {
+  return bench::run_main(w.info().tool.c_str(), [&] {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    const std::optional<RunFlags> parsed = parse(w, args);
+    if (!parsed) return 0;  // --help
+    const RunFlags flags = resolve(w, *parsed);
+    if (flags.print_config) {
+      std::printf("%s\n", resolved_config(w, flags).dump(2).c_str());
+      return 0;
+    }
+    run(w, flags);
+    return 0;
+  });
+}
+
+}  // namespace replay::train

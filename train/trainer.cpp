@@ -1,0 +1,215 @@
+// trainer.cpp: the step plan, the sync-free optimizer, the readback and the evaluation plan.
+#include "train/trainer.h"
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <functional>
+#include <vector>
+
+#include "common/check.h"
+
+namespace replay::train {
+
+Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOptions options)
+    : ctx_(ctx), model_(model), training_(std::move(training)), options_(options) {
+  validate(training_.schedule);
+  if (training_.loss_scaling) validate(*training_.loss_scaling);
+  REPLAY_REQUIRE(options_.warmup >= 0, "warm-up steps must be non-negative");
+  // The peak measurement runs once at set-up (phase 0), in memory the step's activations reuse.
+  if (options_.measure_peak) peak_buffers_ = bench::plan_peak_buffers(plan_, false, {0, 0});
+  model_.plan(plan_);
+  scalars_id_ = plan_step_scalars(plan_);
+  rng_id_ = graphs::RngTracker::plan(plan_, kRngStreams);
+  plan_.plan();
+}
+
+Trainer::~Trainer() = default;
+
+const Arena& Trainer::arena() const {
+  REPLAY_REQUIRE(arena_ != nullptr, "Trainer::arena before allocate");
+  return *arena_;
+}
+
+void Trainer::allocate() {
+  REPLAY_REQUIRE(arena_ == nullptr, "Trainer::allocate called twice");
+  cudaStream_t s = ctx_.stream();
+  used_before_arena_ = bench::device_used_bytes();
+  arena_ = &ctx_.create_arena(std::move(plan_));
+  model_.bind(*arena_);
+  if (options_.measure_peak) peaks_ = bench::measure_peaks(ctx_, *arena_, peak_buffers_);
+
+  scalars_ = arena_->as<StepScalars>(scalars_id_);
+  const LossScalerConfig* scaler = training_.loss_scaling ? &*training_.loss_scaling : nullptr;
+  init_step_scalars(scalars_, scaler ? scaler->init_scale : 1.0f, scaler ? scaler->hysteresis : 1,
+                    s);
+  model_.initialize(options_.seed, StepIO{&scalars_->loss, &scalars_->loss_scale}, s);
+  rng_ = std::make_unique<graphs::RngTracker>(arena_->data(rng_id_), arena_->bytes(rng_id_),
+                                              kRngStreams);
+  rng_->add_parallel_streams(options_.seed, 0, 0, 0);  // this process is rank 0 of every group
+  model_.register_rng(*rng_);
+  rng_->initialize(s);
+  if (options_.fault != graphs::Fault::kNone)
+    injector_ = std::make_unique<graphs::FaultInjector>(options_.fault, options_.seed);
+  std::vector<graphs::ReadbackField> fields{
+      {"loss", &scalars_->loss, graphs::ScalarType::kF32},
+      {"lr", &scalars_->lr, graphs::ScalarType::kF32},
+      {"grad_norm", &scalars_->grad_norm, graphs::ScalarType::kF32},
+      {"step", &scalars_->step, graphs::ScalarType::kI64}};
+  if (scaler) fields.push_back({"loss_scale", &scalars_->loss_scale, graphs::ScalarType::kF32});
+  readback_ = std::make_unique<graphs::ReadbackRing>(kReadbackSlots, &scalars_->iteration,
+                                                     std::move(fields));
+  build_step_plan();
+  if (model_.evaluation()) build_eval_plan();
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// NVTX range and the region's name in its errors; the planted fault, when there is one, at the end
+// of the region's work, with its arguments.
+graphs::Region Trainer::wrap(graphs::Region r, bool planted) {
+  graphs::FaultInjector* inject = planted ? injector_.get() : nullptr;
+  auto work = std::move(r.enqueue);
+  r.enqueue = [name = r.name, inject, work = std::move(work)](cudaStream_t s,
+                                                              const graphs::RegionArgs& a) {
+    nvtxRangePushA(name.c_str());
+    try {
+      work(s, a);
+      if (inject) inject->enqueue(s, a);
+    } catch (const Error& e) {
+      nvtxRangePop();
+      throw Error(e.library(), e.status(), "region '" + name + "': " + e.what());
+    }
+    nvtxRangePop();
+  };
+  if (inject) {
+    auto args = std::move(r.args);
+    r.args = [inject, args = std::move(args)] {
+      graphs::RegionArgs a = args ? args() : graphs::RegionArgs{};
+      inject->add_args(a);
+      return a;
+    };
+  }
+  return r;
+}
+
+void Trainer::build_step_plan() {
+  graphs::StepPlanOptions o(options_.mode);
+  o.warmup_steps = options_.warmup;
+  step_plan_ = std::make_unique<graphs::StepPlan>("step", o);
+
+  std::vector<graphs::Region> regions = model_.regions();
+  REPLAY_REQUIRE(!regions.empty(), "the model's step has no regions");
+  size_t planted = regions.size();
+  if (injector_) {
+    planted = 0;
+    for (size_t i = 0; i < regions.size(); ++i)
+      if (regions[i].kind == graphs::RegionKind::kForwardLayer) {
+        planted = i;
+        break;
+      }
+    fault_region_ = regions[planted].name;
+  }
+  for (size_t i = 0; i < regions.size(); ++i)
+    step_plan_->add_region(wrap(std::move(regions[i]), i == planted));
+  graphs::Region opt;
+  opt.name = "optimizer";
+  opt.enqueue = [this](cudaStream_t s, const graphs::RegionArgs&) { optimizer_step(s); };
+  opt.args = [this] { return optimizer_args(); };
+  step_plan_->add_region(wrap(std::move(opt), false));
+
+  // What carries from one step to the next: parameters, master weights and Adam's moments, which the
+  // warm-up hold keeps the optimizer from touching, and the step scalars, saved and restored.
+  // Gradients and activations are rewritten every step.
+  step_plan_->set_warmup_hold(&scalars_->hold);
+  step_plan_->add_state("step_scalars", step_scalars_view(scalars_));
+  step_plan_->set_rng(rng_.get());
+  const std::vector<std::string> keys = model_.shape_keys();
+  if (!keys.empty()) step_plan_->set_shape_keys(keys, [this](int k) { model_.select_shape(k); });
+}
+
+void Trainer::build_eval_plan() {
+  graphs::StepPlanOptions o(options_.mode);
+  o.warmup_steps = options_.warmup > 0 ? 1 : 0;  // the eval regions' libraries warm up outside capture
+  eval_plan_ = std::make_unique<graphs::StepPlan>("eval", o);
+  for (graphs::Region& r : model_.eval_regions()) eval_plan_->add_region(wrap(std::move(r), false));
+}
+
+// The sync-free optimizer, in step_scalars.h's order. The grad norm sets found_inf when a gradient
+// is Inf or NaN, which is the overflow check of loss scaling: every gradient is in the norm.
+void Trainer::optimizer_step(cudaStream_t s) const {
+  const ParamStore& params = model_.params();
+  const TrainingConfig& t = training_;
+  begin_step(scalars_, s);
+  clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
+                 params.grad_norm_workspace_bytes(), s);
+  prepare_optimizer(t.schedule, scalars_, s);
+  adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
+             &scalars_->noop, s);
+  readback_->copy(s);
+  end_step(scalars_, t.loss_scaling ? &*t.loss_scaling : nullptr, s);
+}
+
+graphs::RegionArgs Trainer::optimizer_args() const {
+  const ParamStore& params = model_.params();
+  return graphs::RegionArgs()
+      .read("grads", params.grads())
+      .read_write("params.weights", params.weights())
+      .read_write("params.master", params.masters())
+      .read_write("adam.exp_avg", params.exp_avg())
+      .read_write("adam.exp_avg_sq", params.exp_avg_sq())
+      .read_write("step_scalars", step_scalars_view(scalars_));
+}
+
+void Trainer::load_batch() {
+  key_ = model_.load_batch(ctx_.stream());
+}
+
+void Trainer::prepare() {
+  REPLAY_REQUIRE(step_plan_ != nullptr, "Trainer::prepare before allocate");
+  if (eval_plan_) {  // its warm-up reads a real held-out batch
+    model_.begin_eval(ctx_.stream());
+    model_.load_eval_batch(ctx_.stream());
+    eval_plan_->prepare(ctx_.stream());
+  }
+  load_batch();  // the first batch: the step's warm-up reads it and step 0 trains on it
+  step_plan_->prepare(ctx_.stream());
+  model_.select_shape(key_);  // the plan leaves its last key selected
+}
+
+void Trainer::step() {
+  if (!step_plan_->prepared()) prepare();
+  step_plan_->run_step(ctx_.stream(), key_);
+  readback_->step_enqueued(ctx_.stream());
+}
+
+graphs::VerifyReport Trainer::verify_step() {
+  if (!step_plan_->prepared()) prepare();
+  const graphs::VerifyReport report = step_plan_->verify_step(ctx_.stream(), key_);
+  readback_->step_enqueued(ctx_.stream());
+  return report;
+}
+
+bench::StepSample Trainer::read(int64_t s) const {
+  const graphs::ReadbackSample r = readback_->read(s);
+  bench::StepSample out;
+  out.loss = r.get("loss");
+  out.lr = r.get("lr");
+  out.grad_norm = r.get("grad_norm");
+  if (training_.loss_scaling) out.loss_scale = r.get("loss_scale");
+  return out;
+}
+
+double Trainer::evaluate(int64_t samples) {
+  const std::optional<EvalInfo> info = model_.evaluation();
+  REPLAY_REQUIRE(info && eval_plan_, "this model has no evaluation");
+  REPLAY_REQUIRE(samples >= 1, "an evaluation needs at least one sample");
+  const int64_t batches = (samples + info->samples_per_batch - 1) / info->samples_per_batch;
+  cudaStream_t s = ctx_.stream();
+  model_.begin_eval(s);
+  for (int64_t b = 0; b < batches; ++b) {
+    model_.load_eval_batch(s);
+    eval_plan_->run_step(s);
+  }
+  return model_.end_eval(s);
+}
+
+}  // namespace replay::train

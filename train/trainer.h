@@ -1,0 +1,124 @@
+// trainer.h: Trainer, a model's training step declared as a graph-layer StepPlan: the model's
+// regions in execution order, then the optimizer, run eagerly (`none`), as one graph per layer
+// forward and backward (`layer`), or as one graph for the whole step (`full`). The optimizer is
+// sync-free: grad-norm clipping, the device learning-rate schedule, dynamic loss scaling (fp16) and
+// AdamW read their scalars on the device (step_scalars.h), and the host reads the loss steps late
+// from the readback ring. Evaluation runs the model's eval regions as a second plan in the same mode.
+//
+// Bit-identical modes. Every mode launches the same kernels with the same arguments in the same
+// order on one stream: the model keeps its own launches deterministic (fixed GEMM algorithms, fixed-
+// order reductions, Philox dropout from device slots), and the neutral warm-up (the step scalars
+// registered as StepPlan state, the optimizer held, RNG slots restored) runs in every mode, so step
+// 0 starts from the same bytes everywhere.
+//
+// Every region runs inside an NVTX range named after it, and an error it raises names it (a capture
+// its call refuses says which region, in full mode too). --inject plants its fault at the end of the
+// first forward-layer region (the first region when the model has none).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/arena.h"
+#include "common/bench/harness.h"
+#include "common/bench/peaks.h"
+#include "common/context.h"
+#include "graphs/faults.h"
+#include "graphs/readback.h"
+#include "graphs/rng.h"
+#include "graphs/step_plan.h"
+#include "train/model.h"
+#include "train/step_scalars.h"
+#include "train/workload.h"
+
+namespace replay::train {
+
+struct TrainerOptions {
+  graphs::GraphMode mode = graphs::GraphMode::kNone;
+  int warmup = 3;            // neutral warm-up steps before step 0 (undone)
+  uint64_t seed = 1;         // weights, dropout
+  bool measure_peak = true;  // measure the bf16 GEMM peak at allocate() (its buffers share memory)
+  graphs::Fault fault = graphs::Fault::kNone;  // --inject
+};
+
+class Trainer {
+ public:
+  static constexpr int kReadbackSlots = 8;
+  static constexpr int kRngStreams = 3;  // data-parallel, tensor-parallel, expert-parallel
+
+  // Plans the model's buffers and the trainer's own into the arena plan; allocates nothing yet.
+  Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const TrainingConfig& training() const { return training_; }
+  const TrainerOptions& options() const { return options_; }
+  // Every buffer of the run, planned (offsets assigned). Valid until allocate().
+  const ArenaPlan& arena_plan() const { return plan_; }
+
+  // Creates the run's arena, measures the peak, initializes parameters, step scalars and RNG, and
+  // declares the step plan (and the evaluation plan when the model has one). Synchronizes.
+  void allocate();
+  const Arena& arena() const;
+  size_t used_before_arena() const { return used_before_arena_; }  // device memory in use before it
+  const bench::Peaks& peaks() const { return peaks_; }
+
+  // Loads the first batch, then the neutral warm-up and, in graph modes, capture and instantiation
+  // of the step (and evaluation) plans. The first step() calls it when it was not called before.
+  void prepare();
+  // Copies the model's next batch into its static inputs (outside any graph): before every step
+  // but the first, whose batch prepare() loaded.
+  void load_batch();
+  // Enqueues one training step on the batch last loaded; never synchronizes.
+  void step();
+  // One step whose graphs also run eagerly on the same inputs and RNG state, compared bitwise
+  // (synchronizes: a diagnostic step).
+  graphs::VerifyReport verify_step();
+  // Step `s`'s loss, learning rate, grad norm and loss scale from the readback ring: waits for step
+  // s only.
+  bench::StepSample read(int64_t s) const;
+  // One evaluation over `samples` held-out samples (rounded up to whole batches): the model's metric.
+  // Synchronizes: an evaluation is its own phase, never inside a timed step.
+  double evaluate(int64_t samples);
+
+  Model& model() { return model_; }
+  const Model& model() const { return model_; }
+  const graphs::StepPlan& step_plan() const { return *step_plan_; }
+  const graphs::StepPlan* eval_plan() const { return eval_plan_.get(); }
+  StepScalars* scalars() const { return scalars_; }
+  cudaStream_t stream() const { return ctx_.stream(); }
+  // The region --inject planted its fault in ("" without one).
+  const std::string& fault_region() const { return fault_region_; }
+
+ private:
+  void build_step_plan();
+  void build_eval_plan();
+  graphs::Region wrap(graphs::Region region, bool planted);
+  void optimizer_step(cudaStream_t stream) const;
+  graphs::RegionArgs optimizer_args() const;
+
+  Context& ctx_;
+  Model& model_;
+  TrainingConfig training_;
+  TrainerOptions options_;
+  ArenaPlan plan_;
+  bench::PeakBuffers peak_buffers_;
+  BufferId scalars_id_ = -1, rng_id_ = -1;
+  const Arena* arena_ = nullptr;
+  size_t used_before_arena_ = 0;
+  bench::Peaks peaks_;
+  StepScalars* scalars_ = nullptr;
+  int key_ = 0;  // the shape key of the batch last loaded
+  std::string fault_region_;
+  std::unique_ptr<graphs::RngTracker> rng_;
+  std::unique_ptr<graphs::ReadbackRing> readback_;
+  std::unique_ptr<graphs::FaultInjector> injector_;  // --inject only
+  std::unique_ptr<graphs::StepPlan> step_plan_;
+  std::unique_ptr<graphs::StepPlan> eval_plan_;
+};
+
+}  // namespace replay::train
