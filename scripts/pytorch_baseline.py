@@ -2,20 +2,26 @@
 """pytorch_baseline.py: runs with PyTorch what replay's benchmarks run, under the same names, shapes and
 FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two side by side.
 
-    python3 scripts/pytorch_baseline.py ops --json out.json [--warmup 10] [--repeats 50] [--lead-ms 50]
-        [--budget-ms 20] [--only REGEX]
+    python3 scripts/pytorch_baseline.py ops --json out.json [--replay-bin DIR] [--warmup 10] [--repeats 50]
+        [--lead-ms 50] [--budget-ms 20] [--only REGEX]
     python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
-        [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--data tokens.h5]
+        [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
+        [--data tokens.h5]
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
-        [--steps 50] [--warmup 3] [--layers L] [--seed 1234] [--microbatches 1] [--data tokens.h5]
+        [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
+        [--microbatches 1] [--data tokens.h5]
 
 Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` and `llama31`
 train the GPT-3 175B and Llama 3.1 405B shards that replay-gpt3 and replay-llama31 train (one GPU's slice
 of the tensor-parallel layout, collectives not run), eagerly or as one torch.cuda.graph over the whole
 step, and report step time, throughput, MFU, peak memory and the losses.
 
-torch is imported inside the functions that need it, so the tables and formulas here can be imported and
-tested on a machine without torch.
+The shapes are replay's own: every command asks the replay binary, `replay-<workload> --preset P
+[--microbatches N] --print-config` in --replay-bin DIR (default $REPLAY_BUILD_DIR/bin, else
+build/release/bin), or reads what that command printed from --config FILE; no shape is written here.
+
+torch is imported inside the functions that need it, so the formulas here can be imported and tested on a
+machine without torch.
 """
 
 import argparse
@@ -32,25 +38,12 @@ import time
 import warnings
 
 # ---------------------------------------------------------------------------------------------------------
-# Shapes and formulas (reports/SCHEMA.md; reference/workloads.md for where they come from)
+# Shapes and formulas (reports/SCHEMA.md)
 # ---------------------------------------------------------------------------------------------------------
 
-# Per shard: tokens per micro-batch (M), the linear layers as (name, N, K) with W stored [N, K], and the
-# attention shape.
-SHARDS = {
-    "gpt3_175b_tp4": {
-        "tokens": 2048,
-        "linears": [("qkv", 9216, 12288), ("proj", 12288, 3072), ("fc1", 12288, 12288),
-                    ("fc2", 12288, 12288)],
-        "attention": {"batch": 1, "q_heads": 24, "kv_heads": 24, "seq": 2048, "head_dim": 128},
-    },
-    "llama31_405b_tp8": {
-        "tokens": 8192,
-        "linears": [("qkv", 2304, 16384), ("proj", 16384, 2048), ("fc1", 13312, 16384),
-                    ("fc2", 16384, 6656)],
-        "attention": {"batch": 1, "q_heads": 16, "kv_heads": 1, "seq": 8192, "head_dim": 128},
-    },
-}
+# The shards `ops` times, as (workload, preset): one GPU's slice of GPT-3 175B at TP4 and of Llama 3.1
+# 405B at TP8. Their shapes come from replay-<workload> --preset <preset> --print-config (ops_shard).
+OPS_PRESETS = (("gpt3", "175b-tp4"), ("llama31", "405b-tp8"))
 
 GEMM_DIRECTIONS = ("fwd", "dgrad", "wgrad")
 ATTENTION_DIRECTIONS = ("fwd", "fwd_bwd")
@@ -94,12 +87,36 @@ def attention_flops(shape, direction):
     raise ValueError(f"unknown attention direction {direction!r}")
 
 
-def op_specs(only=None):
-    """Every op `ops` times, in order, as dicts {name, kind, shard, layer, direction, shape, flops,
-    backend}; GEMMs also carry their layer's dims (M, N, K); backend is None for the default SDPA
-    selection. `only` is a compiled regex matched (search) against the names."""
+def shard_name(cfg):
+    """The op names' prefix for a shard: gpt3_175b_tp4 for gpt3's preset 175b-tp4."""
+    return f"{cfg['workload']}_{cfg['preset'].replace('-', '_')}"
+
+
+def shard_linears(cfg):
+    """One layer's linear layers on this GPU as (name, N, K), W stored [N, K]: the fused QKV (this GPU's
+    query heads, then its key and value heads), the output projection, FC1 (gate and up fused, 2 x ffn
+    rows, for SwiGLU) and FC2."""
+    h, d, f = cfg["hidden"], cfg["head_dim"], cfg["ffn"]
+    return [("qkv", (cfg["heads"] + 2 * cfg["kv_heads"]) * d, h), ("proj", h, cfg["heads"] * d),
+            ("fc1", 2 * f if cfg["mlp"] == "swiglu" else f, h), ("fc2", h, f)]
+
+
+def ops_shard(cfg):
+    """What `ops` times of one shard configuration (shard_config): tokens per micro-batch (the GEMMs' M),
+    the linear layers (shard_linears) and the causal attention's shape."""
+    return {"tokens": cfg["micro_batch"] * cfg["seq"], "linears": shard_linears(cfg),
+            "attention": {"batch": cfg["micro_batch"], "q_heads": cfg["heads"], "kv_heads": cfg["kv_heads"],
+                          "seq": cfg["seq"], "head_dim": cfg["head_dim"]}}
+
+
+def op_specs(configs, only=None):
+    """Every op `ops` times for these shard configurations (shard_config; `ops` uses OPS_PRESETS'), in
+    order, as dicts {name, kind, shard, layer, direction, shape, flops, backend}; GEMMs also carry their
+    layer's dims (M, N, K); backend is None for the default SDPA selection. `only` is a compiled regex
+    matched (search) against the names."""
     specs = []
-    for shard, cfg in SHARDS.items():
+    for c in configs:
+        shard, cfg = shard_name(c), ops_shard(c)
         M = cfg["tokens"]
         for layer, N, K in cfg["linears"]:
             for direction in GEMM_DIRECTIONS:
@@ -177,30 +194,15 @@ class BaselineError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPT-3 shard: shapes, parameter counts, FLOPs, default layers, schedule, data order (no torch)
+# GPT-3 shard: parameter counts, FLOPs, default layers, schedule, data order (no torch)
 # ---------------------------------------------------------------------------------------------------------
 
-# Whole-model shapes per preset (reference/workloads.md). tp is the tensor-parallel degree whose one GPU's
-# slice is run; model_layers caps --layers. tiny is the test preset: seconds on a GPU.
-GPT3_PRESETS = {
-    "tiny": {"hidden": 128, "heads": 2, "head_dim": 64, "ffn": 512, "seq": 128, "micro_batch": 2,
-             "data_vocab": 512, "tp": 1, "model_layers": 2},
-    "175b-tp4": {"hidden": 12288, "heads": 96, "head_dim": 128, "ffn": 49152, "seq": 2048, "micro_batch": 1,
-                 "data_vocab": 50257, "tp": 4, "model_layers": 96},
-    "175b-tp8": {"hidden": 12288, "heads": 96, "head_dim": 128, "ffn": 49152, "seq": 2048, "micro_batch": 1,
-                 "data_vocab": 50257, "tp": 8, "model_layers": 96},
-}
-
-# The vocabulary is padded to a multiple of this times TP and split evenly over the TP ranks, as Megatron
-# and replay-gpt3 do (reference/workloads.md): 50257 -> 50688 at TP4 (12672 per GPU), 51200 at TP8.
-VOCAB_PAD_MULTIPLE = 128
-
 # Bytes of training state per parameter that the default layer count budgets for, as replay counts them
-# (DESIGN.md: fp32 masters, bf16 storage):
-# fp32 master (4), bf16 parameter (2), fp32 gradient (4), Adam m and v (4 + 4). PyTorch's autograd also
-# makes a bf16 gradient per parameter; the baseline frees each one as soon as it is copied to its fp32
-# master gradient (a post-accumulate-grad hook), so it holds 18 bytes per parameter plus one bf16
-# gradient at a time, like replay.
+# (replay keeps fp32 master weights and stores the parameters in bf16): fp32 master (4), bf16 parameter
+# (2), fp32 gradient (4), Adam m and v (4 + 4). PyTorch's autograd also makes a bf16 gradient per
+# parameter; the baseline frees each one as soon as it is copied to its fp32 master gradient (a
+# post-accumulate-grad hook), so it holds 18 bytes per parameter plus one bf16 gradient at a time, like
+# replay.
 STATE_BYTES_PER_PARAM = 18
 # What the training state may take of an 80 GB H100 (80 GiB): three quarters; the rest is left for
 # activations, logits, library workspaces and the allocator's slack. 175b-tp4 -> 7 layers (SCHEMA.md's
@@ -208,7 +210,7 @@ STATE_BYTES_PER_PARAM = 18
 # same budget, so both run one shard.
 STATE_BUDGET_BYTES = 60 * 2**30
 
-# MLPerf GPT-3 optimizer (reference/workloads.md): Adam with decoupled weight decay (not applied to biases
+# The MLPerf GPT-3 reference's optimizer: Adam with decoupled weight decay (not applied to biases
 # and LayerNorm parameters, as in the Megatron reference), LR 2e-5 down to 2e-6, warm-up 265 steps and
 # cosine decay to step 108600 (the reference's 407040 warm-up and 166809600 decay samples at batch 1536).
 GPT3_OPTIMIZER = {"lr": 2e-5, "min_lr": 2e-6, "warmup_steps": 265, "decay_steps": 108600,
@@ -219,28 +221,6 @@ FLOPS_FORMULA = ("6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's 
 HASH_METHOD = ("loss_hash: FNV-1a 64 over the little-endian float32 bits of every loss in order; "
                "weights_hash: first 16 hex digits of SHA-256 over the final bf16 parameters' bytes in "
                "module order")
-
-
-def padded_vocab(vocab, multiple=VOCAB_PAD_MULTIPLE):
-    return -(-vocab // multiple) * multiple
-
-
-def gpt3_config(preset):
-    """One GPU's shard of the preset: per-GPU heads and FFN width, padded vocabulary and this GPU's vocab
-    shard (the shard's logits, the embedding rows it holds)."""
-    if preset not in GPT3_PRESETS:
-        raise ValueError(f"unknown gpt3 preset {preset!r}; choose one of {', '.join(GPT3_PRESETS)}")
-    p = GPT3_PRESETS[preset]
-    tp = p["tp"]
-    vocab = padded_vocab(p["data_vocab"], VOCAB_PAD_MULTIPLE * tp)
-    for what, n in (("heads", p["heads"]), ("ffn", p["ffn"]), ("padded vocabulary", vocab)):
-        if n % tp:
-            raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")
-    return {"workload": "gpt3", "hidden": p["hidden"], "heads": p["heads"] // tp,
-            "kv_heads": p["heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp, "seq": p["seq"],
-            "micro_batch": p["micro_batch"], "microbatches": 1, "vocab": vocab, "vocab_shard": vocab // tp,
-            "data_vocab": p["data_vocab"], "tp": tp, "model_layers": p["model_layers"],
-            "optimizer": GPT3_OPTIMIZER}
 
 
 def gpt3_layer_params(cfg):
@@ -267,49 +247,15 @@ def gpt3_params(cfg, layers):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Llama 3.1 405B shard: shapes, parameter counts, optimizer, RoPE frequencies (no torch)
+# Llama 3.1 405B shard: parameter counts, optimizer, RoPE frequencies (no torch)
 # ---------------------------------------------------------------------------------------------------------
 
-# Whole-model shapes per preset, as replay-llama31's presets (workloads/llama31/llama31.cpp): the tiny
-# test model and 405B at TP8 (NVIDIA's H100 layout) and TP4 (the H200 layout).
-LLAMA31_PRESETS = {
-    "tiny": {"hidden": 128, "heads": 2, "kv_heads": 1, "head_dim": 64, "ffn": 256, "seq": 128,
-             "micro_batch": 2, "data_vocab": 512, "tp": 1, "model_layers": 2},
-    "405b-tp8": {"hidden": 16384, "heads": 128, "kv_heads": 8, "head_dim": 128, "ffn": 53248, "seq": 8192,
-                 "micro_batch": 1, "data_vocab": 32000, "tp": 8, "model_layers": 126},
-    "405b-tp4": {"hidden": 16384, "heads": 128, "kv_heads": 8, "head_dim": 128, "ffn": 53248, "seq": 8192,
-                 "micro_batch": 1, "data_vocab": 32000, "tp": 4, "model_layers": 126},
-}
-
-# replay-llama31 pads the vocabulary to a multiple of 8 x TP only, so 32000 splits exactly (4000 per GPU
-# at TP8, 8000 at TP4).
-LLAMA31_VOCAB_PAD_MULTIPLE = 8
-LLAMA31_NORM_EPS = 1e-5  # RMSNorm
-# RoPE base and the Llama 3.1 frequency scaling (common/kernels/rope.h RopeScaling::llama31()).
+# RMSNorm's epsilon, and the RoPE base and Llama 3.1 frequency scaling (common/kernels/rope.h
+# RopeScaling::llama31()), as pytorch_llama31 implements them; shard_config checks that replay's
+# configuration names the same.
+LLAMA31_NORM_EPS = 1e-5
 LLAMA31_ROPE = {"theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position": 8192.0}
-
-
-def llama31_config(preset, microbatches=1):
-    """One GPU's shard of the preset (replay's TransformerShape: heads_shard, kv_heads_shard, ffn_shard,
-    padded_vocab, vocab_shard), with `microbatches` micro-batches accumulated per step."""
-    if preset not in LLAMA31_PRESETS:
-        raise ValueError(f"unknown llama31 preset {preset!r}; choose one of {', '.join(LLAMA31_PRESETS)}")
-    if microbatches < 1:
-        raise ValueError(f"microbatches must be at least 1, got {microbatches}")
-    p = LLAMA31_PRESETS[preset]
-    tp = p["tp"]
-    vocab = padded_vocab(p["data_vocab"], LLAMA31_VOCAB_PAD_MULTIPLE * tp)
-    for what, n in (("heads", p["heads"]), ("kv_heads", p["kv_heads"]), ("ffn", p["ffn"]),
-                    ("padded vocabulary", vocab)):
-        if n % tp:
-            raise ValueError(f"preset {preset}: {what} {n} does not split over TP {tp}")
-    return {"workload": "llama31", "hidden": p["hidden"], "heads": p["heads"] // tp,
-            "kv_heads": p["kv_heads"] // tp, "head_dim": p["head_dim"], "ffn": p["ffn"] // tp, "seq": p["seq"],
-            "micro_batch": p["micro_batch"], "microbatches": microbatches, "vocab": vocab,
-            "vocab_shard": vocab // tp, "data_vocab": p["data_vocab"], "tp": tp,
-            "model_layers": p["model_layers"],
-            "optimizer": llama31_optimizer(p["micro_batch"] * microbatches)}
 
 
 def llama31_qkv_width(cfg):
@@ -369,19 +315,31 @@ def rope_frequencies(head_dim, rope=LLAMA31_ROPE):
 # Either workload: parameters, FLOPs, default layers (no torch)
 # ---------------------------------------------------------------------------------------------------------
 
-# Per workload: its presets, whether its attention passes enable_gqa to SDPA, its parameter counts and the
-# config keys its JSON reports (as the replay tool's `config`: Llama's adds the key/value heads).
+# Per workload: the preset the command runs by default, whether its attention passes enable_gqa to SDPA
+# (without it the PyTorch module has as many key/value heads as query heads), its parameter counts, its
+# optimizer for a global batch, the config keys its JSON reports (as the replay tool's `config`: Llama's
+# adds the key/value heads), and the architecture its PyTorch module implements, which replay's
+# `config.model` must name (shard_config checks it: otherwise the two tools would not run one model).
 WORKLOADS = {
-    "gpt3": {"presets": GPT3_PRESETS, "default_preset": "175b-tp4", "enable_gqa": False,
+    "gpt3": {"default_preset": "175b-tp4", "enable_gqa": False,
              "layer_params": gpt3_layer_params,
              "embedding_params": gpt3_embedding_params,
+             "optimizer": lambda global_batch: GPT3_OPTIMIZER,
              "config_keys": ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
-                             "vocab", "vocab_shard", "tp")},
-    "llama31": {"presets": LLAMA31_PRESETS, "default_preset": "405b-tp8", "enable_gqa": True,
+                             "vocab", "vocab_shard", "tp"),
+             "module": "pytorch_gpt3.GPT3Shard",
+             "architecture": {"norm": "layernorm", "norm_eps": 1e-5, "mlp": "gelu", "position": "learned",
+                              "bias": True, "tied_embedding": True}},
+    "llama31": {"default_preset": "405b-tp8", "enable_gqa": True,
                 "layer_params": llama31_layer_params,
                 "embedding_params": llama31_embedding_params,
+                "optimizer": lambda global_batch: llama31_optimizer(global_batch),
                 "config_keys": ("hidden", "heads", "kv_heads", "head_dim", "ffn", "seq", "micro_batch",
-                                "microbatches", "vocab", "vocab_shard", "tp")},
+                                "microbatches", "vocab", "vocab_shard", "tp"),
+                "module": "pytorch_llama31.Llama31Shard",
+                "architecture": {"norm": "rmsnorm", "norm_eps": LLAMA31_NORM_EPS, "mlp": "swiglu",
+                                 "position": "rope", "rope_theta": LLAMA31_ROPE["theta"],
+                                 "rope_llama31_scaling": True, "bias": False, "tied_embedding": False}},
 }
 
 
@@ -405,7 +363,11 @@ def flops_per_step(cfg, layers):
 
 
 def default_layers(cfg, budget_bytes=STATE_BUDGET_BYTES, bytes_per_param=STATE_BYTES_PER_PARAM):
-    """As many layers as fit the training-state budget (at least 1, at most the model's layers)."""
+    """The preset's own layer count where it has one (config.layers above 0, as tiny's); otherwise as many
+    layers as fit the training-state budget (at least 1, at most the model's layers), as replay chooses
+    them for the full-model presets."""
+    if cfg["layers"] > 0:
+        return cfg["layers"]
     w = WORKLOADS[cfg["workload"]]
     free = budget_bytes - bytes_per_param * w["embedding_params"](cfg)
     fit = int(free // (bytes_per_param * w["layer_params"](cfg)))
@@ -459,7 +421,7 @@ def step_stats(times_ms):
 
 
 def workload_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured):
-    """The workload-run JSON (reports/SCHEMA.md) from the configuration (gpt3_config or llama31_config),
+    """The workload-run JSON (reports/SCHEMA.md) from the configuration (shard_config),
     the run's settings (graphs, seed, steps, warmup, data, preset) and what was measured (environment,
     settings, memory, graphs_info, losses, weights_hash, attention_backend, loss_floor, version)."""
     stats = step_stats(step_ms)
@@ -503,6 +465,177 @@ def workload_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured)
         "hash_method": HASH_METHOD,
         "loss_floor": measured["loss_floor"],
     }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Shard configurations: what replay-<workload> --print-config says (no torch)
+# ---------------------------------------------------------------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The shard's numbers shard_config reads from `config` (all integers above 0) and from `config.model`.
+SHARD_KEYS = ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches", "vocab",
+              "vocab_shard", "tp")
+MODEL_KEYS = ("layers", "heads", "kv_heads", "ffn", "data_vocab")
+
+
+def default_replay_bin():
+    """--replay-bin's default: $REPLAY_BUILD_DIR/bin, else build/release/bin; a relative folder is taken
+    from the repository's root, as scripts/bench.sh and scripts/test.sh take REPLAY_BUILD_DIR."""
+    return os.path.join(REPO, os.environ.get("REPLAY_BUILD_DIR") or os.path.join("build", "release"), "bin")
+
+
+def parse_config_text(text, source):
+    """The JSON document `replay-<workload> --print-config` printed; `source` names it in errors."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise BaselineError(f"{source}: not JSON ({e})") from None
+
+
+def read_config_file(path):
+    """The document in a --config FILE."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise BaselineError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    return parse_config_text(text, f"--config {path}")
+
+
+def run_print_config(bin_dir, workload, preset, microbatches=None, alternative=""):
+    """Runs `replay-<workload> --preset PRESET [--microbatches N] --print-config` from bin_dir (no GPU
+    needed); returns (its document, a name of the command for errors). A missing binary, or one that
+    refuses (an unknown preset: its message names the presets), is a BaselineError; `alternative` ends
+    the missing binary's message."""
+    path = os.path.join(bin_dir, f"replay-{workload}")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise BaselineError(f"no replay-{workload} binary at {path}: build replay first, or give the folder "
+                            f"of its binaries with --replay-bin DIR{alternative}")
+    args = ["--preset", preset] + (["--microbatches", str(microbatches)] if microbatches is not None else [])
+    command = f"replay-{workload} {' '.join(args)} --print-config"
+    try:
+        p = subprocess.run([path, *args, "--print-config"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BaselineError(f"{path}: cannot run `{command}` ({e})") from None
+    if p.returncode != 0:
+        lines = [line.strip() for line in p.stderr.splitlines() if line.strip()]
+        why = "; ".join(re.sub(r"\s*\(run with --help for the flags\)$", "", line) for line in lines[-3:])
+        raise BaselineError(f"`{command}` ({path}) failed with exit status {p.returncode}: "
+                            + (why or "nothing on stderr"))
+    return parse_config_text(p.stdout, f"the output of `{command}` ({path})"), f"`{command}`"
+
+
+def _is_int(v, lowest):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lowest
+
+
+def _same_value(got, want):
+    """JSON's value `got` names the architecture's `want` (a number as a number, a flag as a flag)."""
+    if isinstance(want, bool) or isinstance(want, str):
+        return type(got) is type(want) and got == want
+    return isinstance(got, (int, float)) and not isinstance(got, bool) and float(got) == float(want)
+
+
+def shard_config(doc, workload, source="the configuration"):
+    """One GPU's shard from a `replay-<workload> --print-config` document, as the baseline uses it:
+    workload, preset, hidden, heads, kv_heads, head_dim, ffn (per GPU), seq, micro_batch, microbatches,
+    vocab (padded), vocab_shard (this GPU's rows), data_vocab, tp, layers (the preset's own count, 0 for
+    the full-model presets, whose count comes from the memory budget), model_layers (the whole model's
+    depth, the most --layers may ask), mlp, and the optimizer for the global batch. Checks that the document
+    is well formed, that the shard is the whole model split over tp, and that the model is the one the
+    workload's PyTorch module implements; anything else is a BaselineError naming `source`."""
+    w = WORKLOADS[workload]
+
+    def bad(what):
+        raise BaselineError(f"{source}: {what}")
+
+    if not isinstance(doc, dict):
+        bad(f"not a JSON object but {type(doc).__name__}")
+    if doc.get("workload") != workload:
+        bad(f"\"workload\" is {doc.get('workload')!r}, expected {workload!r}")
+    preset = doc.get("preset")
+    if not isinstance(preset, str) or not preset:
+        bad(f"\"preset\" is {preset!r}, expected a preset's name")
+    config = doc.get("config")
+    if not isinstance(config, dict):
+        bad("no \"config\" object")
+    model = config.get("model")
+    if not isinstance(model, dict):
+        bad("no \"config.model\" object (the whole model's numbers)")
+
+    def integer(obj, where, key, lowest=1):
+        v = obj.get(key)
+        if not _is_int(v, lowest):
+            bad(f"{where}.{key} is " + ("missing" if key not in obj else repr(v))
+                + f", expected an integer >= {lowest}")
+        return v
+
+    cfg = {"workload": workload, "preset": preset}
+    for key in SHARD_KEYS:
+        cfg[key] = integer(config, "config", key)
+    cfg["layers"] = integer(config, "config", "layers", lowest=0)
+    whole = {key: integer(model, "config.model", key) for key in MODEL_KEYS}
+    tp = cfg["tp"]
+    if "kv_heads" in w["config_keys"] or "kv_heads" in config:
+        cfg["kv_heads"] = integer(config, "config", "kv_heads")
+    elif whole["kv_heads"] % tp:
+        bad(f"config.model.kv_heads {whole['kv_heads']} does not split over tp {tp}")
+    else:
+        cfg["kv_heads"] = whole["kv_heads"] // tp
+    for key, shard, total in (("heads", cfg["heads"], whole["heads"]), ("kv_heads", cfg["kv_heads"],
+                              whole["kv_heads"]), ("ffn", cfg["ffn"], whole["ffn"])):
+        if shard * tp != total:
+            bad(f"config.{key} {shard} x tp {tp} is not config.model.{key} {total}")
+    if cfg["vocab_shard"] * tp != cfg["vocab"]:
+        bad(f"config.vocab_shard {cfg['vocab_shard']} x tp {tp} is not config.vocab {cfg['vocab']}")
+    if cfg["vocab"] < whole["data_vocab"]:
+        bad(f"config.vocab {cfg['vocab']} is smaller than config.model.data_vocab {whole['data_vocab']}")
+    if cfg["heads"] % cfg["kv_heads"]:
+        bad(f"config.heads {cfg['heads']} is not a multiple of the key/value heads {cfg['kv_heads']}")
+    if not w["enable_gqa"] and cfg["kv_heads"] != cfg["heads"]:
+        bad(f"{cfg['kv_heads']} key/value heads for {cfg['heads']} query heads: {w['module']} has as many "
+            f"of each")
+    if cfg["layers"] > whole["layers"]:
+        bad(f"config.layers {cfg['layers']} is more than the model's {whole['layers']}")
+    for key, want in w["architecture"].items():
+        got = model.get(key)
+        if not _same_value(got, want):
+            bad(f"config.model.{key} is " + ("missing" if key not in model else json.dumps(got))
+                + f": {w['module']} implements {json.dumps(want)}")
+    cfg.update(data_vocab=whole["data_vocab"], model_layers=whole["layers"], mlp=model["mlp"],
+               optimizer=w["optimizer"](cfg["micro_batch"] * cfg["microbatches"]))
+    return cfg
+
+
+def load_shard_config(workload, preset=None, microbatches=None, replay_bin=None, config_path=None):
+    """shard_config of the --config FILE document when config_path is given (--preset and --microbatches,
+    when given, must agree with it), else of what `replay-<workload> --preset PRESET [--microbatches N]
+    --print-config` prints, run from replay_bin (default_replay_bin()); preset None is the workload's
+    default preset."""
+    if config_path is not None:
+        source = f"--config {config_path}"
+        cfg = shard_config(read_config_file(config_path), workload, source)
+        if preset is not None and preset != cfg["preset"]:
+            raise BaselineError(f"--preset {preset}: {source} is the configuration of preset {cfg['preset']}")
+        if microbatches is not None and microbatches != cfg["microbatches"]:
+            raise BaselineError(f"--microbatches {microbatches}: {source} has microbatches "
+                                f"{cfg['microbatches']}")
+        return cfg
+    preset = preset if preset is not None else WORKLOADS[workload]["default_preset"]
+    return replay_config(replay_bin or default_replay_bin(), workload, preset, microbatches,
+                         f" (or what `replay-{workload} --preset {preset} --print-config` printed, with "
+                         f"--config FILE)")
+
+
+def replay_config(bin_dir, workload, preset, microbatches=None, alternative=""):
+    """shard_config of what run_print_config prints, which must be the preset and micro-batches asked for."""
+    doc, source = run_print_config(bin_dir, workload, preset, microbatches, alternative)
+    cfg = shard_config(doc, workload, source)
+    if cfg["preset"] != preset:
+        raise BaselineError(f"{source} printed the configuration of preset {cfg['preset']!r}")
+    if microbatches is not None and cfg["microbatches"] != microbatches:
+        raise BaselineError(f"{source} printed microbatches {cfg['microbatches']}")
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -806,7 +939,9 @@ def time_attention(timer, shape, direction, backend):
 def cmd_ops(args):
     check_budget(args.warmup, args.budget_ms)
     only = re.compile(args.only) if args.only else None
-    specs = op_specs(only)
+    bin_dir = args.replay_bin or default_replay_bin()
+    configs = [replay_config(bin_dir, workload, preset) for workload, preset in OPS_PRESETS]
+    specs = op_specs(configs, only)
     if not specs:
         raise BaselineError(f"--only {args.only!r} matches no op; names look like gpt3_175b_tp4.qkv.fwd")
     out_dir = os.path.dirname(os.path.abspath(args.json))
@@ -1046,7 +1181,7 @@ def run_workload(args, cfg, layers):
     env, settings = environment(), torch_settings()
     peak = measure_gemm_peak(Timer(5, 20))
     kv = f" (kv {cfg['kv_heads']})" if cfg["kv_heads"] != cfg["heads"] else ""
-    progress(f"pytorch_baseline {cfg['workload']} {args.preset}: torch {env['torch']}, {env['gpu']}; "
+    progress(f"pytorch_baseline {cfg['workload']} {cfg['preset']}: torch {env['torch']}, {env['gpu']}; "
              f"graphs {args.graphs}, layers {layers}, hidden {cfg['hidden']}, heads {cfg['heads']}{kv}"
              f"x{cfg['head_dim']}, ffn {cfg['ffn']}, seq {cfg['seq']}, micro-batch {cfg['micro_batch']} x "
              f"{cfg['microbatches']}, vocab shard {cfg['vocab_shard']} of {cfg['vocab']}, "
@@ -1122,17 +1257,14 @@ def run_workload(args, cfg, layers):
         "weights_hash": weights_hash(trainer.params),
         "loss_floor": floor,
     }
-    run = {"preset": args.preset, "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
+    run = {"preset": cfg["preset"], "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
            "warmup": args.warmup, "data": os.path.abspath(args.data) if args.data else "random"}
     return workload_document(cfg, layers, run, step_ms, host_us, peak, measured)
 
 
 def cmd_train(args):
-    """`gpt3` and `llama31`: checks the arguments, runs, writes the JSON."""
-    cfg = gpt3_config(args.preset) if args.command == "gpt3" else llama31_config(args.preset, args.microbatches)
-    layers = args.layers if args.layers is not None else default_layers(cfg)
-    if layers > cfg["model_layers"]:
-        raise BaselineError(f"--layers {layers}: the {args.preset} model has {cfg['model_layers']} layers")
+    """`gpt3` and `llama31`: checks the arguments, takes the shard's shapes from replay (--config FILE or
+    the replay binary's --print-config), runs, writes the JSON."""
     if args.graphs == "full" and args.warmup < 1:
         raise BaselineError("--graphs full needs --warmup 1 or more: the optimizer creates its state on its "
                             "first step, which must not happen inside the capture")
@@ -1141,6 +1273,11 @@ def cmd_train(args):
         raise BaselineError(f"--json {args.json}: directory {out_dir} does not exist")
     if args.data is not None and not os.path.isfile(args.data):
         raise BaselineError(f"--data {args.data}: no such file")
+    cfg = load_shard_config(args.command, args.preset, getattr(args, "microbatches", None), args.replay_bin,
+                            args.config)
+    layers = args.layers if args.layers is not None else default_layers(cfg)
+    if layers > cfg["model_layers"]:
+        raise BaselineError(f"--layers {layers}: the {cfg['preset']} model has {cfg['model_layers']} layers")
     torch = require_cuda()
     try:
         doc = run_workload(args, cfg, layers)
@@ -1192,12 +1329,20 @@ def _regex(text):
     return text
 
 
+REPLAY_BIN_DEFAULT_HELP = ("default: $REPLAY_BUILD_DIR/bin, else build/release/bin; relative to the "
+                           "repository")
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     ops = sub.add_parser("ops", help="time the shard GEMMs and attention (reports/SCHEMA.md names)")
     ops.add_argument("--json", required=True, help="output JSON path")
+    ops.add_argument("--replay-bin", metavar="DIR", default=None,
+                     help="folder of replay's binaries: the shapes are what "
+                          + " and ".join(f"replay-{w} --preset {p}" for w, p in OPS_PRESETS)
+                          + f" print with --print-config ({REPLAY_BIN_DEFAULT_HELP})")
     ops.add_argument("--warmup", type=_int_at_least(0), default=10, help="untimed calls per op (default 10)")
     ops.add_argument("--repeats", type=_int_at_least(1), default=50, help="timed calls per op (default 50)")
     ops.add_argument("--only", type=_regex, default=None, help="time only the ops whose name matches")
@@ -1214,20 +1359,31 @@ def build_parser():
     for name, (what, layers) in helps.items():
         w = WORKLOADS[name]
         p = sub.add_parser(name, help=f"{what}, eager or one full-step graph (reports/SCHEMA.md, workload runs)")
-        p.add_argument("--preset", choices=list(w["presets"]), default=w["default_preset"],
-                       help=f"shapes and tensor-parallel degree (default {w['default_preset']})")
+        p.add_argument("--preset", default=None,
+                       help=f"replay-{name}'s preset: shapes and tensor-parallel degree (default "
+                            f"{w['default_preset']}; with --config, the file's)")
+        source = p.add_mutually_exclusive_group()
+        source.add_argument("--replay-bin", metavar="DIR", default=None,
+                            help=f"folder of replay's binaries: the shapes are what replay-{name} prints "
+                                 f"with --print-config ({REPLAY_BIN_DEFAULT_HELP})")
+        source.add_argument("--config", metavar="FILE", default=None,
+                            help=f"the JSON `replay-{name} --preset P"
+                                 + (" [--microbatches N]" if name == "llama31" else "")
+                                 + " --print-config` printed, instead of running it")
         p.add_argument("--graphs", choices=("none", "full"), default="none",
                        help="none: eager; full: the whole step, optimizer included, as one CUDA graph")
         p.add_argument("--steps", type=_int_at_least(1), default=50, help="timed steps (default 50)")
         p.add_argument("--warmup", type=_int_at_least(0), default=3,
                        help="untimed steps first, before the capture with --graphs full (default 3)")
         p.add_argument("--layers", type=_int_at_least(1), default=None,
-                       help="layers on this GPU (default: what fits an 80 GB H100 at 18 bytes of state "
-                            f"per parameter: {layers})")
+                       help="layers on this GPU (default: the preset's own count where it has one, as "
+                            "tiny does; else what fits an 80 GB H100 at 18 bytes of state per parameter: "
+                            f"{layers})")
         p.add_argument("--seed", type=_int_at_least(0), default=1234, help="weights and random tokens")
         if name == "llama31":
-            p.add_argument("--microbatches", type=_int_at_least(1), default=1,
-                           help="micro-batches accumulated per step, inside the graph too (default 1); "
+            p.add_argument("--microbatches", type=_int_at_least(1), default=None,
+                           help="micro-batches accumulated per step, inside the graph too (default 1, or "
+                                "the --config file's); "
                                 "the learning-rate schedule follows the global batch, as replay's")
         p.add_argument("--data", default=None,
                        help="replay-tokens HDF5 file (datasets/gpt3.md; needs h5py); default random tokens")

@@ -1,6 +1,7 @@
 """pytorch_gpt3.py: the GPT-3 175B shard in plain PyTorch, the model and its mixed-precision training
 step, that `pytorch_baseline.py gpt3` times against replay-gpt3. Shapes come from
-pytorch_baseline.gpt3_config; this module imports torch, pytorch_baseline.py imports it only to run.
+pytorch_baseline.load_shard_config (what replay-gpt3 --print-config prints); this module imports torch,
+pytorch_baseline.py imports it only to run.
 
 One GPU's slice of the tensor-parallel layout: each layer holds this rank's attention heads and FFN
 columns (column-parallel QKV and FC1, row-parallel projection and FC2) and the embedding holds this

@@ -1,6 +1,7 @@
 """pytorch_llama31.py: the Llama 3.1 405B shard in plain PyTorch, the model that `pytorch_baseline.py
 llama31` times against replay-llama31 (trained by pytorch_gpt3.MixedPrecisionTrainer). Shapes come from
-pytorch_baseline.llama31_config; this module imports torch, pytorch_baseline.py imports it only to run.
+pytorch_baseline.load_shard_config (what replay-llama31 --print-config prints); this module imports
+torch, pytorch_baseline.py imports it only to run.
 
 One GPU's slice of the tensor-parallel layout: each layer holds this rank's query and key/value heads and
 FFN columns (column-parallel QKV and gate+up, row-parallel projection and FC2), the embedding and the
