@@ -130,8 +130,8 @@ for round in $(seq "$op_rounds"); do
   run rounds/replay_ops_$round "$bin/replay-ops" --warmup "$warmup" --repeats "$repeats" \
     --json "$out/rounds/replay_ops_$round.json"
   if [ "$have_torch" = 1 ]; then
-    PYTHONUNBUFFERED=1 run rounds/pytorch_ops_$round python3 scripts/pytorch_baseline.py ops --warmup "$warmup" \
-      --repeats "$repeats" --json "$out/rounds/pytorch_ops_$round.json"
+    PYTHONUNBUFFERED=1 run rounds/pytorch_ops_$round python3 scripts/pytorch_baseline.py ops --replay-bin "$bin" \
+      --warmup "$warmup" --repeats "$repeats" --json "$out/rounds/pytorch_ops_$round.json"
   fi
 done
 best_of() {  # best_of OUT IN...: per op, the run with the lowest median
@@ -179,7 +179,7 @@ run_workload() {  # run_workload NAME PRESET STEPS: replay's three modes, then P
   if [ "$have_torch" = 1 ] && [ -n "$layers" ]; then
     for mode in none full; do
       PYTHONUNBUFFERED=1 run "pytorch_${wl}_${preset}_$mode" python3 scripts/pytorch_baseline.py "$wl" \
-        --preset "$preset" --graphs "$mode" --steps "$steps" --layers "$layers" --seed 1234 \
+        --replay-bin "$bin" --preset "$preset" --graphs "$mode" --steps "$steps" --layers "$layers" --seed 1234 \
         --json "$out/pytorch_${wl}_${preset}_$mode.json"
     done
   fi
