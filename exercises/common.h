@@ -1,6 +1,8 @@
 // common.h: what every exercise shares: --mode parsing, the exit-77 GPU check, CUDA checks that
-// print the error name, the one result line a test checks, event timing, a spin kernel, and a
-// child-process runner for the exercises whose broken mode crashes or hangs.
+// print the error name, the setup and graph steps that are not what an exercise is about (streams,
+// events, zeroed buffers, end-capture-and-instantiate, one replay read back), the one result line a
+// test checks, event timing, a spin kernel, and a child-process runner for the exercises whose
+// broken mode crashes or hangs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -86,6 +88,78 @@ inline void require_gpu(int min_devices = 1) {
     std::printf("SKIPPED: %d CUDA device(s) visible, this exercise needs %d\n", count, min_devices);
     std::exit(77);
   }
+}
+
+// A non-blocking stream: it does not synchronize implicitly with the legacy default stream (C7).
+inline cudaStream_t nonblocking_stream() {
+  cudaStream_t stream;
+  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+// An event for ordering only (cudaEventDisableTiming): a fork, a join, a "done" mark.
+inline cudaEvent_t untimed_event() {
+  cudaEvent_t event;
+  EX_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+// `count` elements of device memory set to zero (cudaMalloc, then cudaMemset).
+template <typename T>
+T* device_zeros(size_t count = 1) {
+  T* data;
+  EX_CHECK(cudaMalloc(&data, count * sizeof(T)));
+  EX_CHECK(cudaMemset(data, 0, count * sizeof(T)));
+  return data;
+}
+
+// *device, copied to the host with a blocking cudaMemcpy (once the work that writes it is done).
+template <typename T>
+T read_back(const T* device) {
+  T host{};
+  EX_CHECK(cudaMemcpy(&host, device, sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// The executable of a captured graph.
+inline cudaGraphExec_t instantiate(cudaGraph_t graph) {
+  cudaGraphExec_t exec;
+  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  return exec;
+}
+
+// Ends the capture on `stream`, which must succeed, stores the graph in *graph and returns its
+// executable.
+inline cudaGraphExec_t end_capture_and_instantiate(cudaStream_t stream, cudaGraph_t* graph) {
+  EX_CHECK(cudaStreamEndCapture(stream, graph));
+  return instantiate(*graph);
+}
+
+// How many nodes a graph has.
+inline size_t node_count(cudaGraph_t graph) {
+  size_t n = 0;
+  EX_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  return n;
+}
+
+// Destroys an executable, then the graph it was instantiated from.
+inline void destroy_graph(cudaGraphExec_t exec, cudaGraph_t graph) {
+  EX_CHECK(cudaGraphExecDestroy(exec));
+  EX_CHECK(cudaGraphDestroy(graph));
+}
+
+// How a capture exercise's fixed mode ends: ends the capture on `stream` (it must succeed),
+// instantiates the graph, replays it once, synchronizes after the replay, outside any capture, and
+// returns *result as the replay left it; the graph is destroyed.
+template <typename T>
+T end_capture_and_replay(cudaStream_t stream, const T* result) {
+  cudaGraph_t graph;
+  const cudaGraphExec_t exec = end_capture_and_instantiate(stream, &graph);
+  EX_CHECK(cudaGraphLaunch(exec, stream));
+  EX_CHECK(cudaStreamSynchronize(stream));
+  const T value = read_back(result);
+  destroy_graph(exec, graph);
+  return value;
 }
 
 // Prints the one result line, "<id> <mode>: <what happened>", or "<id> <mode> UNEXPECTED: ..." when

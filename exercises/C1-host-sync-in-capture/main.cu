@@ -10,11 +10,8 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C1");
   ex::require_gpu();
 
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int* value;
-  EX_CHECK(cudaMalloc(&value, sizeof(int)));
-  EX_CHECK(cudaMemset(value, 0, sizeof(int)));
+  const cudaStream_t stream = ex::nonblocking_stream();
+  int* value = ex::device_zeros<int>();
 
   cudaGraph_t graph = nullptr;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -34,15 +31,7 @@ int main(int argc, char** argv) {
   }
 
   // Fixed: end the capture, replay, and synchronize after the replay, outside the capture.
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  EX_CHECK(cudaGraphLaunch(exec, stream));
-  EX_CHECK(cudaStreamSynchronize(stream));
-  int host = 0;
-  EX_CHECK(cudaMemcpy(&host, value, sizeof(int), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const int host = ex::end_capture_and_replay(stream, value);
   EX_CHECK(cudaFree(value));
   EX_CHECK(cudaStreamDestroy(stream));
   return ex::report("C1", args, host == 42, "synchronized after replay, read value %d%s", host,

@@ -13,11 +13,8 @@ __global__ void set_value(int* out, int value) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C10");
   ex::require_gpu();
-  cudaStream_t stream, watched;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  EX_CHECK(cudaStreamCreateWithFlags(&watched, cudaStreamNonBlocking));
-  cudaEvent_t progress;
-  EX_CHECK(cudaEventCreateWithFlags(&progress, cudaEventDisableTiming));
+  const cudaStream_t stream = ex::nonblocking_stream(), watched = ex::nonblocking_stream();
+  const cudaEvent_t progress = ex::untimed_event();
   EX_CHECK(cudaEventRecord(progress, watched));
   EX_CHECK(cudaStreamSynchronize(watched));
   int* value;
@@ -42,14 +39,12 @@ int main(int argc, char** argv) {
                       ex::name(query).c_str(), ex::name(end).c_str());
   }
   EX_CHECK(end);
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::instantiate(graph);
   EX_CHECK(cudaGraphLaunch(exec, stream));
   int host = 0;
   EX_CHECK(cudaMemcpyAsync(&host, value, sizeof(int), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   return ex::report(
       "C10", args, query == cudaSuccess && host == 5,
       "thread-local mode: other thread's cudaEventQuery -> %s, capture ok, replay gave %d",

@@ -33,8 +33,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C14");
   ex::require_gpu();
   constexpr int n = 256, replays = 3;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   uint32_t* out;
   uint64_t* seed_offset;
   EX_CHECK(cudaMalloc(&out, n * sizeof(uint32_t)));
@@ -51,9 +50,7 @@ int main(int argc, char** argv) {
     random_by_pointer<<<1, n, 0, stream>>>(out, n, seed_offset);
     advance_offset<<<1, 1, 0, stream>>>(seed_offset);
   }
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   uint32_t first[replays];
   for (int r = 0; r < replays; ++r) {
@@ -62,8 +59,7 @@ int main(int argc, char** argv) {
     EX_CHECK(cudaMemcpyAsync(&first[r], out, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
   }
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const bool all_same = first[0] == first[1] && first[1] == first[2];
   const bool all_differ = first[0] != first[1] && first[1] != first[2] && first[0] != first[2];
   return ex::report(

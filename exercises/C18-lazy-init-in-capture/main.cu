@@ -29,8 +29,7 @@ static const char* blas_name(cublasStatus_t s) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C18");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float *a, *c, *sum;
   EX_CHECK(cudaMalloc(&a, kN * kN * sizeof(float)));
   EX_CHECK(cudaMalloc(&c, kN * kN * sizeof(float)));
@@ -70,16 +69,14 @@ int main(int argc, char** argv) {
 
   float c00 = -1, total = -1;
   if (end == cudaSuccess) {
-    cudaGraphExec_t exec;
-    EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const cudaGraphExec_t exec = ex::instantiate(graph);
     EX_CHECK(cudaMemsetAsync(c, 0, kN * kN * sizeof(float), stream));
     EX_CHECK(cudaMemsetAsync(sum, 0, sizeof(float), stream));
     EX_CHECK(cudaGraphLaunch(exec, stream));
     EX_CHECK(cudaMemcpyAsync(&c00, c, sizeof(float), cudaMemcpyDeviceToHost, stream));
     EX_CHECK(cudaMemcpyAsync(&total, sum, sizeof(float), cudaMemcpyDeviceToHost, stream));
     EX_CHECK(cudaStreamSynchronize(stream));
-    EX_CHECK(cudaGraphExecDestroy(exec));
-    EX_CHECK(cudaGraphDestroy(graph));
+    ex::destroy_graph(exec, graph);
   }
   cublasDestroy(handle);
   const bool replay_correct = end == cudaSuccess && c00 == kN && total == kN;

@@ -12,8 +12,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C2");
   ex::require_gpu();
   constexpr int n = 1024;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   cudaGraph_t graph = nullptr;
 
   if (args.broken()) {
@@ -35,15 +34,7 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaMalloc(&scratch, n * sizeof(float)));
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   fill<<<(n + 255) / 256, 256, 0, stream>>>(scratch, n, 3.0f);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  EX_CHECK(cudaGraphLaunch(exec, stream));
-  EX_CHECK(cudaStreamSynchronize(stream));
-  float last = 0;
-  EX_CHECK(cudaMemcpy(&last, scratch + n - 1, sizeof(float), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const float last = ex::end_capture_and_replay(stream, scratch + n - 1);
   EX_CHECK(cudaFree(scratch));
   return ex::report("C2", args, last == 3.0f,
                     "allocated before capture, replay wrote %.1f (expected 3.0)", last);

@@ -24,8 +24,7 @@ static void pin_in_capture(cudaStream_t stream, cudaStreamCaptureMode mode, Pin 
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C3");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* device_value;
   EX_CHECK(cudaMalloc(&device_value, sizeof(float)));
 
@@ -55,15 +54,12 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   set_value<<<1, 1, 0, stream>>>(device_value, 8.0f);
   EX_CHECK(cudaMemcpyAsync(staging, device_value, sizeof(float), cudaMemcpyDeviceToHost, stream));
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   *staging = 0;
   EX_CHECK(cudaGraphLaunch(exec, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
   const float got = *staging;
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   EX_CHECK(cudaFreeHost(staging));
   return ex::report("C3", args, got == 8.0f,
                     "pinned before capture, replay copied %.0f (expected 8)", got);

@@ -1,7 +1,7 @@
 // C4: work put on a side stream that was never forked from the capture stream. The side stream is
 // not capturing, so its kernel runs eagerly, and waiting on its event from the capture crosses the
 // capture boundary: 905 (cudaErrorStreamCaptureIsolation), then the capture ends invalidated (901).
-#include "common.h"
+#include "fork_join.h"
 
 __global__ void add(int* value, int amount) {
   atomicAdd(value, amount);
@@ -10,15 +10,7 @@ __global__ void add(int* value, int amount) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C4");
   ex::require_gpu();
-  cudaStream_t main_stream, side;
-  EX_CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
-  EX_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaEvent_t fork, join;
-  EX_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  EX_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  int* value;
-  EX_CHECK(cudaMalloc(&value, sizeof(int)));
-  EX_CHECK(cudaMemset(value, 0, sizeof(int)));
+  const auto [main_stream, side, fork, join, value] = ex::ForkJoin{};
 
   cudaGraph_t graph = nullptr;
   EX_CHECK(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeGlobal));
@@ -47,15 +39,7 @@ int main(int argc, char** argv) {
   add<<<1, 1, 0, side>>>(value, 10);
   EX_CHECK(cudaEventRecord(join, side));
   EX_CHECK(cudaStreamWaitEvent(main_stream, join, 0));
-  EX_CHECK(cudaStreamEndCapture(main_stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  EX_CHECK(cudaGraphLaunch(exec, main_stream));
-  EX_CHECK(cudaStreamSynchronize(main_stream));
-  int host = 0;
-  EX_CHECK(cudaMemcpy(&host, value, sizeof(int), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const int host = ex::end_capture_and_replay(main_stream, value);
   return ex::report("C4", args, host == 11, "forked and joined, replay gave %d (expected 11)",
                     host);
 }

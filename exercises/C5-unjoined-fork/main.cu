@@ -1,6 +1,6 @@
 // C5: a side stream forked into the capture but never joined back. Every stream that joined a
 // capture must rejoin the origin stream before cudaStreamEndCapture, otherwise it fails with 904.
-#include "common.h"
+#include "fork_join.h"
 
 __global__ void add(int* value, int amount) {
   atomicAdd(value, amount);
@@ -9,15 +9,7 @@ __global__ void add(int* value, int amount) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C5");
   ex::require_gpu();
-  cudaStream_t main_stream, side;
-  EX_CHECK(cudaStreamCreateWithFlags(&main_stream, cudaStreamNonBlocking));
-  EX_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-  cudaEvent_t fork, join;
-  EX_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  EX_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  int* value;
-  EX_CHECK(cudaMalloc(&value, sizeof(int)));
-  EX_CHECK(cudaMemset(value, 0, sizeof(int)));
+  const auto [main_stream, side, fork, join, value] = ex::ForkJoin{};
 
   cudaGraph_t graph = nullptr;
   EX_CHECK(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeGlobal));
@@ -34,15 +26,7 @@ int main(int argc, char** argv) {
   // Fixed: join, the origin stream waits on the side stream's last work.
   EX_CHECK(cudaEventRecord(join, side));
   EX_CHECK(cudaStreamWaitEvent(main_stream, join, 0));
-  EX_CHECK(cudaStreamEndCapture(main_stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  EX_CHECK(cudaGraphLaunch(exec, main_stream));
-  EX_CHECK(cudaStreamSynchronize(main_stream));
-  int host = 0;
-  EX_CHECK(cudaMemcpy(&host, value, sizeof(int), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const int host = ex::end_capture_and_replay(main_stream, value);
   return ex::report("C5", args, host == 11,
                     "joined before EndCapture, replay gave %d (expected 11)", host);
 }

@@ -10,11 +10,8 @@ __global__ void scale(float* x, float factor) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C6");
   ex::require_gpu();
-  cudaStream_t stream, loader;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  EX_CHECK(cudaStreamCreateWithFlags(&loader, cudaStreamNonBlocking));
-  cudaEvent_t batch_ready;
-  EX_CHECK(cudaEventCreateWithFlags(&batch_ready, cudaEventDisableTiming));
+  const cudaStream_t stream = ex::nonblocking_stream(), loader = ex::nonblocking_stream();
+  const cudaEvent_t batch_ready = ex::untimed_event();
   float* x;
   EX_CHECK(cudaMalloc(&x, sizeof(float)));
   const float batch = 3.0f;
@@ -39,15 +36,12 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaStreamWaitEvent(stream, batch_ready, 0));
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   scale<<<1, 1, 0, stream>>>(x, 2.0f);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphLaunch(exec, stream));
   float result = 0;
   EX_CHECK(cudaMemcpyAsync(&result, x, sizeof(float), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   return ex::report("C6", args, result == 6.0f,
                     "waited before capture, replay gave %.0f (expected 6)", result);
 }

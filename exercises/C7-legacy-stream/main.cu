@@ -8,18 +8,10 @@ __global__ void add(int* value, int amount) {
   atomicAdd(value, amount);
 }
 
-static size_t node_count(cudaGraph_t graph) {
-  size_t n = 0;
-  EX_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  return n;
-}
-
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C7");
   ex::require_gpu();
-  int* value;
-  EX_CHECK(cudaMalloc(&value, sizeof(int)));
-  EX_CHECK(cudaMemset(value, 0, sizeof(int)));
+  int* value = ex::device_zeros<int>();
   cudaGraph_t graph = nullptr;
 
   if (args.broken()) {
@@ -47,16 +39,12 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   add<<<1, 1, 0, stream>>>(value, 1);
   add<<<1, 1, 0, stream>>>(value, 10);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphLaunch(exec, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  int host = 0;
-  EX_CHECK(cudaMemcpy(&host, value, sizeof(int), cudaMemcpyDeviceToHost));
-  const size_t nodes = node_count(graph);
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const int host = ex::read_back(value);
+  const size_t nodes = ex::node_count(graph);
+  ex::destroy_graph(exec, graph);
   return ex::report(
       "C7", args, host == 11 && nodes == 2,
       "non-blocking capture stream, %zu kernel nodes, replay gave %d (expected 2 nodes, 11)", nodes,

@@ -9,8 +9,7 @@ __global__ void set_value(int* out, int value) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C9");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   int* value;
   EX_CHECK(cudaMalloc(&value, sizeof(int)));
 
@@ -27,18 +26,14 @@ int main(int argc, char** argv) {
                       ex::name(query).c_str(), ex::name(end).c_str());
   }
   // Fixed: query after the replay was launched, outside any capture.
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphLaunch(exec, stream));
   cudaError_t query;
   while ((query = cudaStreamQuery(stream)) == cudaErrorNotReady) {
   }
   EX_CHECK(query);
-  int host = 0;
-  EX_CHECK(cudaMemcpy(&host, value, sizeof(int), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  const int host = ex::read_back(value);
+  ex::destroy_graph(exec, graph);
   return ex::report("C9", args, host == 7,
                     "polled after replay until cudaSuccess, value %d (expected 7)", host);
 }

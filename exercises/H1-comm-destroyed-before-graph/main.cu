@@ -43,8 +43,7 @@ int main(int argc, char** argv) {
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t comm;
   NCCL_CHECK(ncclCommInitRank(&comm, ranks, id, rank));
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* buf;
   EX_CHECK(cudaMalloc(&buf, kCount * sizeof(float)));
 
@@ -55,9 +54,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   NCCL_CHECK(ncclAllReduce(buf, buf, kCount, ncclFloat, ncclSum, comm, stream));
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   const float one = 1.0f;
   EX_CHECK(cudaMemcpyAsync(buf, &one, sizeof(float), cudaMemcpyHostToDevice, stream));
   EX_CHECK(cudaGraphLaunch(exec, stream));
@@ -66,10 +63,7 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaStreamSynchronize(stream));
 
   // Fixed: the graph goes first. Broken: the communicator goes while the graph is alive.
-  if (!args.broken()) {
-    EX_CHECK(cudaGraphExecDestroy(exec));
-    EX_CHECK(cudaGraphDestroy(graph));
-  }
+  if (!args.broken()) ex::destroy_graph(exec, graph);
   const auto start = std::chrono::steady_clock::now();
   std::packaged_task<ncclResult_t()> destroy([comm] { return ncclCommDestroy(comm); });
   std::future<ncclResult_t> done = destroy.get_future();

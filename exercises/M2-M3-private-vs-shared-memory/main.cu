@@ -26,8 +26,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "M2/M3");
   ex::require_gpu();
   constexpr size_t kBytes = kFloats * sizeof(float);
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   EX_CHECK(cudaStreamSynchronize(stream));
   const size_t before = used_bytes();
 
@@ -57,8 +56,7 @@ int main(int argc, char** argv) {
     cudaGraph_t graph;
     EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     stage<<<1024, 256, 0, stream>>>(in[g], out[g], kFloats);
-    EX_CHECK(cudaStreamEndCapture(stream, &graph));
-    EX_CHECK(cudaGraphInstantiate(&graphs[g], graph, 0));
+    graphs[g] = ex::end_capture_and_instantiate(stream, &graph);
     EX_CHECK(cudaGraphDestroy(graph));
   }
   // One step: the input is 0; each stage adds 1, so the final output is 4 everywhere.

@@ -12,8 +12,7 @@ __global__ void square_into(const float* in, float* tmp, float* out) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "M8");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float *in, *out;
   EX_CHECK(cudaMalloc(&in, sizeof(float)));
   EX_CHECK(cudaMalloc(&out, sizeof(float)));
@@ -42,15 +41,12 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&tmp), sizeof(float), stream));
   square_into<<<1, 1, 0, stream>>>(in, tmp, out);
   EX_CHECK(cudaFreeAsync(tmp, stream));
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   float result = 0;
   for (int r = 0; r < 3; ++r) EX_CHECK(cudaGraphLaunch(exec, stream));
   EX_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   return ex::report(
       "M8", args, result == 10.0f,
       "cudaMallocAsync/cudaFreeAsync captured as memory nodes, 3 replays gave %.0f (expected 10)",

@@ -19,8 +19,7 @@ __global__ void add_or_double(float* x, const int* use_add) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N1");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* x;
   int* flag;
   EX_CHECK(cudaMalloc(&x, sizeof(float)));
@@ -38,9 +37,7 @@ int main(int argc, char** argv) {
   } else {
     add_or_double<<<1, 1, 0, stream>>>(x, flag);
   }
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   // The phase changes: from now on x should be doubled. Start from 5: expect 10.
   use_add = 0;
@@ -51,8 +48,7 @@ int main(int argc, char** argv) {
   float result = 0;
   EX_CHECK(cudaMemcpyAsync(&result, x, sizeof(float), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const bool ok = args.broken() ? result == 6.0f : result == 10.0f;
   return ex::report("N1", args, ok, "flag switched to double after capture, 5 -> %.0f (%s)", result,
                     result == 6.0f ? "the captured add branch still ran" : "doubled as asked");

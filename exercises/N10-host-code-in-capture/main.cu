@@ -15,8 +15,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N10");
   ex::require_gpu();
   constexpr int replays = 3;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   int* x;
   EX_CHECK(cudaMalloc(&x, sizeof(int)));
 
@@ -30,14 +29,11 @@ int main(int argc, char** argv) {
     // not call CUDA; for real host work prefer moving it out of the captured region.)
     EX_CHECK(cudaLaunchHostFunc(stream, count_step, nullptr));
   }
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   host_steps = 0;  // count replays only
   for (int r = 0; r < replays; ++r) EX_CHECK(cudaGraphLaunch(exec, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   return ex::report("N10", args, args.broken() ? host_steps == 0 : host_steps == replays,
                     "host counter after %d replays: %d (%s)", replays, host_steps,
                     host_steps == 0 ? "ran only at capture" : "a host node ran every replay");

@@ -24,11 +24,8 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N11");
   ex::require_gpu();
   constexpr int replays = 3;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  int* x;
-  EX_CHECK(cudaMalloc(&x, sizeof(int)));
-  EX_CHECK(cudaMemset(x, 0, sizeof(int)));
+  const cudaStream_t stream = ex::nonblocking_stream();
+  int* x = ex::device_zeros<int>();
   Library lib;
   if (!args.broken()) lib.set_stream(stream);  // Fixed: the library works on the capture stream
 
@@ -38,17 +35,14 @@ int main(int argc, char** argv) {
   lib.bias_add(x);
   EX_CHECK(cudaStreamEndCapture(stream, &graph));
   EX_CHECK(cudaStreamSynchronize(lib.own));  // the eager run (broken mode) has finished
-  size_t nodes = 0;
-  EX_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const size_t nodes = ex::node_count(graph);
+  const cudaGraphExec_t exec = ex::instantiate(graph);
   EX_CHECK(cudaMemsetAsync(x, 0, sizeof(int), stream));
   for (int r = 0; r < replays; ++r) EX_CHECK(cudaGraphLaunch(exec, stream));
   int host = 0;
   EX_CHECK(cudaMemcpyAsync(&host, x, sizeof(int), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const bool ok = args.broken() ? host == 30 && nodes == 1 : host == 33 && nodes == 2;
   return ex::report("N11", args, ok, "graph has %zu nodes, %d replays gave %d (expected 33)", nodes,
                     replays, host);

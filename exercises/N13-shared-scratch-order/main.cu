@@ -15,11 +15,9 @@ __global__ void graph_b(const int* scratch, int* b_out) {
 
 static cudaGraphExec_t capture(cudaStream_t stream, void (*enqueue)(cudaStream_t)) {
   cudaGraph_t graph;
-  cudaGraphExec_t exec;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   enqueue(stream);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphDestroy(graph));
   return exec;
 }
@@ -29,8 +27,7 @@ static int *x, *scratch, *a_out, *b_out;
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N13");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   int* pool;  // one allocation shared by both graphs
   EX_CHECK(cudaMalloc(&pool, 4 * sizeof(int)));
   x = pool, scratch = pool + 1, a_out = pool + 2, b_out = pool + 3;

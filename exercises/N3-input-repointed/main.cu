@@ -10,8 +10,7 @@ __global__ void square(const float* in, float* out) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N3");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float *static_input, *out;
   EX_CHECK(cudaMalloc(&static_input, sizeof(float)));
   EX_CHECK(cudaMalloc(&out, sizeof(float)));
@@ -21,9 +20,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   square<<<1, 1, 0, stream>>>(static_input, out);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   float* next_batch = nullptr;
   if (args.broken()) {
@@ -39,8 +36,7 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaMemcpyAsync(&result, out, sizeof(float), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
   if (next_batch) EX_CHECK(cudaFree(next_batch));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const bool ok = args.broken() ? result == 4.0f : result == 9.0f;
   return ex::report("N3", args, ok, "second batch is 3, replay computed %.0f (%s)", result,
                     result == 4.0f ? "squared the stale first batch" : "3 squared");

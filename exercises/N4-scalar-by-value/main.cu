@@ -23,8 +23,7 @@ static float replay_once(cudaGraphExec_t exec, cudaStream_t stream, float* x) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N4");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float *x, *lr;
   EX_CHECK(cudaMalloc(&x, sizeof(float)));
   EX_CHECK(cudaMalloc(&lr, sizeof(float)));
@@ -37,9 +36,7 @@ int main(int argc, char** argv) {
     add_by_value<<<1, 1, 0, stream>>>(x, host_lr);
   else
     add_by_pointer<<<1, 1, 0, stream>>>(x, lr);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   // The schedule moves on: the learning rate is now 5.
   host_lr = 5.0f;
@@ -53,9 +50,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph2;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   add_by_value<<<1, 1, 0, stream>>>(x, 1.0f);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph2));
-  cudaGraphExec_t exec2;
-  EX_CHECK(cudaGraphInstantiate(&exec2, graph2, 0));
+  const cudaGraphExec_t exec2 = ex::end_capture_and_instantiate(stream, &graph2);
   cudaGraphNode_t node;
   size_t count = 1;
   EX_CHECK(cudaGraphGetNodes(graph2, &node, &count));
@@ -67,10 +62,8 @@ int main(int argc, char** argv) {
   params.extra = nullptr;
   EX_CHECK(cudaGraphExecKernelNodeSetParams(exec2, node, &params));
   const float patched = replay_once(exec2, stream, x);
-  EX_CHECK(cudaGraphExecDestroy(exec2));
-  EX_CHECK(cudaGraphDestroy(graph2));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec2, graph2);
+  ex::destroy_graph(exec, graph);
   return ex::report(
       "N4", args, first == 5.0f && patched == 9.0f,
       "pointer version added %.0f (expected 5), cudaGraphExecKernelNodeSetParams with 9 added "

@@ -19,8 +19,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N5");
   ex::require_gpu();
   constexpr int kCaptured = 1000, kLater = 1500, kMax = 2048;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* x;
   int* n_dev;
   EX_CHECK(cudaMalloc(&x, kMax * sizeof(float)));
@@ -34,9 +33,7 @@ int main(int argc, char** argv) {
     add_one_n<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, n);
   else
     add_one_dev<<<kMax / kThreads, kThreads, 0, stream>>>(x, n_dev);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   n = kLater;  // the new batch is longer
   EX_CHECK(cudaMemcpyAsync(n_dev, &n, sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -45,8 +42,7 @@ int main(int argc, char** argv) {
   float host[kMax];
   EX_CHECK(cudaMemcpyAsync(host, x, sizeof(host), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   int processed = 0, beyond = 0;
   for (int i = 0; i < kLater; ++i) processed += host[i] == 1.0f;
   for (int i = kLater; i < kMax; ++i) beyond += host[i] != 0.0f;

@@ -12,8 +12,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N6");
   ex::require_gpu();
   constexpr int steps = 4;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   int* pinned;
   EX_CHECK(cudaMallocHost(&pinned, sizeof(int)));
   int *in, *out, *slot;
@@ -21,16 +20,13 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaMalloc(&out, steps * sizeof(int)));
   EX_CHECK(cudaMalloc(&slot, sizeof(int)));
   EX_CHECK(cudaMemset(slot, 0, sizeof(int)));
-  cudaEvent_t consumed;
-  EX_CHECK(cudaEventCreateWithFlags(&consumed, cudaEventDisableTiming));
+  const cudaEvent_t consumed = ex::untimed_event();
 
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   EX_CHECK(cudaMemcpyAsync(in, pinned, sizeof(int), cudaMemcpyHostToDevice, stream));
   record<<<1, 1, 0, stream>>>(in, out, slot);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   // The GPU is busy with earlier work (~50 ms), so the replays below queue up behind it.
   ex::spin_kernel<<<1, 1, 0, stream>>>(100'000'000LL);
@@ -45,8 +41,7 @@ int main(int argc, char** argv) {
   int host[steps];
   EX_CHECK(cudaMemcpyAsync(host, out, sizeof(host), cudaMemcpyDeviceToHost, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   EX_CHECK(cudaFreeHost(pinned));
   const bool in_order = host[0] == 0 && host[1] == 1 && host[2] == 2 && host[3] == 3;
   return ex::report("N6", args, args.broken() ? !in_order : in_order, "outputs %d %d %d %d (%s)",

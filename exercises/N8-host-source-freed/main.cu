@@ -7,8 +7,7 @@
 // The child: capture a copy from a pinned buffer, (broken) free the buffer, replay, check the
 // value.
 static int child(const ex::Args& args) {
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* host;
   float* device;
   EX_CHECK(cudaMallocHost(&host, 1 << 20));
@@ -17,17 +16,14 @@ static int child(const ex::Args& args) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   EX_CHECK(cudaMemcpyAsync(device, host, 1 << 20, cudaMemcpyHostToDevice, stream));
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   // Broken: "the batch is consumed, release it" while the graph still holds its address.
   if (args.broken()) EX_CHECK(cudaFreeHost(host));
   EX_CHECK(cudaGraphLaunch(exec, stream));
   EX_CHECK(cudaStreamSynchronize(stream));
   float got = 0;
   EX_CHECK(cudaMemcpy(&got, device, sizeof(float), cudaMemcpyDeviceToHost));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   // Fixed: the host buffer lives as long as the graph and is freed after it.
   if (!args.broken()) EX_CHECK(cudaFreeHost(host));
   std::fprintf(stderr, "N8 child: replay copied %.1f\n", got);

@@ -11,8 +11,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "N9");
   ex::require_gpu();
   constexpr int steps = 3;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   int *counter, *loss, *history;
   EX_CHECK(cudaMalloc(&counter, sizeof(int)));
   EX_CHECK(cudaMalloc(&loss, sizeof(int)));
@@ -22,9 +21,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   step<<<1, 1, 0, stream>>>(counter, loss);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   const int* kept[steps];  // what the training loop keeps for logging at the end
   for (int s = 0; s < steps; ++s) {
@@ -42,8 +39,7 @@ int main(int argc, char** argv) {
     EX_CHECK(cudaMemcpyAsync(&values[s], kept[s], sizeof(int), cudaMemcpyDeviceToHost, stream));
   }
   EX_CHECK(cudaStreamSynchronize(stream));
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const bool last_only = values[0] == 3 && values[1] == 3 && values[2] == 3;
   const bool each_step = values[0] == 1 && values[1] == 2 && values[2] == 3;
   return ex::report("N9", args, args.broken() ? last_only : each_step, "kept losses %d %d %d (%s)",

@@ -10,8 +10,7 @@ __global__ void tiny(float* x) {
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "P1");
   ex::require_gpu();
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* x;
   EX_CHECK(cudaMalloc(&x, 32 * sizeof(float)));
   // Broken: 10 long kernels (~1 ms each, standing in for big GEMMs). Fixed: 200 tiny kernels.
@@ -27,17 +26,14 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   region();
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphUpload(exec, stream));
 
   const int iters = args.broken() ? 5 : 50;
   const float eager_ms = ex::time_ms(stream, iters, region);
   const float graph_ms =
       ex::time_ms(stream, iters, [&] { EX_CHECK(cudaGraphLaunch(exec, stream)); });
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const float speedup = eager_ms / graph_ms;
   // Broken shows "little or no gain" (< 1.1x); fixed shows a clear gain (> 1.2x).
   const bool ok = args.broken() ? speedup < 1.1f : speedup > 1.2f;

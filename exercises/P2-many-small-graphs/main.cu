@@ -11,11 +11,9 @@ __global__ void tiny(float* x) {
 
 static cudaGraphExec_t capture(cudaStream_t stream, float* x, int kernels) {
   cudaGraph_t graph;
-  cudaGraphExec_t exec;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kernels; ++k) tiny<<<1, 32, 0, stream>>>(x);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphUpload(exec, stream));
   EX_CHECK(cudaGraphDestroy(graph));
   return exec;
@@ -25,8 +23,7 @@ int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "P2");
   ex::require_gpu();
   constexpr int kKernels = 100, kIters = 50;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float* x;
   EX_CHECK(cudaMalloc(&x, 32 * sizeof(float)));
 

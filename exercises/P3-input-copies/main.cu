@@ -13,8 +13,7 @@ int main(int argc, char** argv) {
   ex::require_gpu();
   constexpr size_t kBytes = size_t(256) << 20;
   constexpr int kKernels = 20, kIters = 20;
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   float *loader_batch, *static_input;
   EX_CHECK(cudaMalloc(&loader_batch, kBytes));
   EX_CHECK(cudaMalloc(&static_input, kBytes));
@@ -23,9 +22,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (int k = 0; k < kKernels; ++k) tiny<<<1, 32, 0, stream>>>(static_input);
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
   EX_CHECK(cudaGraphUpload(exec, stream));
 
   // Broken step: copy the batch into the static input, then replay. Fixed step: the loader wrote
@@ -36,8 +33,7 @@ int main(int argc, char** argv) {
   });
   const float graph_ms =
       ex::time_ms(stream, kIters, [&] { EX_CHECK(cudaGraphLaunch(exec, stream)); });
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const float copy_ms = copy_step_ms - graph_ms;
   if (args.broken()) {
     return ex::report(

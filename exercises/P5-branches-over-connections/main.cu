@@ -26,15 +26,13 @@ int main(int argc, char** argv) {
   const int branches = args.broken() ? kWork : 16;
   const int blocks = kWork / branches;  // per branch kernel
 
-  cudaStream_t stream;
-  EX_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cudaStream_t stream = ex::nonblocking_stream();
   std::vector<cudaStream_t> side(branches);
   std::vector<cudaEvent_t> joins(branches);
-  cudaEvent_t fork;
-  EX_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  const cudaEvent_t fork = ex::untimed_event();
   for (int b = 0; b < branches; ++b) {
-    EX_CHECK(cudaStreamCreateWithFlags(&side[b], cudaStreamNonBlocking));
-    EX_CHECK(cudaEventCreateWithFlags(&joins[b], cudaEventDisableTiming));
+    side[b] = ex::nonblocking_stream();
+    joins[b] = ex::untimed_event();
   }
   // `branches` parallel branches: fork every side stream from the origin, join them all back.
   auto enqueue = [&] {
@@ -50,15 +48,12 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   enqueue();
-  EX_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  EX_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = ex::end_capture_and_instantiate(stream, &graph);
 
   const float one_ms = ex::time_ms(stream, 10, [&] { work_kernel<<<1, 1, 0, stream>>>(kCycles); });
   const float graph_ms = ex::time_ms(stream, 10, [&] { EX_CHECK(cudaGraphLaunch(exec, stream)); });
   const float eager_ms = ex::time_ms(stream, 10, enqueue);  // the same branches on eager streams
-  EX_CHECK(cudaGraphExecDestroy(exec));
-  EX_CHECK(cudaGraphDestroy(graph));
+  ex::destroy_graph(exec, graph);
   const float graph_ratio = graph_ms / one_ms, eager_ratio = eager_ms / one_ms;
   // Fully parallel: about 1x one branch. Broken must show the serialization, fixed must not.
   const bool ok = args.broken() ? graph_ratio > 1.8f : graph_ratio < 1.5f;
