@@ -12,15 +12,21 @@
 namespace replay {
 
 namespace {
-size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
 
 std::string human_bytes(size_t b) {
   char buf[32];
   const double d = static_cast<double>(b);
-  if (b >= (size_t{1} << 30)) std::snprintf(buf, sizeof(buf), "%.2f GiB", d / (1 << 30));
-  else if (b >= (size_t{1} << 20)) std::snprintf(buf, sizeof(buf), "%.2f MiB", d / (1 << 20));
-  else if (b >= 1024) std::snprintf(buf, sizeof(buf), "%.2f KiB", d / 1024);
-  else std::snprintf(buf, sizeof(buf), "%zu B", b);
+  if (b >= (size_t{1} << 30))
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", d / (1 << 30));
+  else if (b >= (size_t{1} << 20))
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", d / (1 << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof(buf), "%.2f KiB", d / 1024);
+  else
+    std::snprintf(buf, sizeof(buf), "%zu B", b);
   return buf;
 }
 }  // namespace
@@ -124,8 +130,9 @@ std::string ArenaPlan::table(int largest) const {
   }
   const size_t sum = sum_bytes();
   const size_t tot = planned_ ? total_ : sum;
-  std::snprintf(line, sizeof(line), "%-24s %8zu %14s (sum of buffers %s; lifetime sharing saves %s)\n",
-                "arena total", entries_.size(), human_bytes(tot).c_str(), human_bytes(sum).c_str(),
+  std::snprintf(line, sizeof(line),
+                "%-24s %8zu %14s (sum of buffers %s; lifetime sharing saves %s)\n", "arena total",
+                entries_.size(), human_bytes(tot).c_str(), human_bytes(sum).c_str(),
                 human_bytes(sum > tot ? sum - tot : 0).c_str());
   os << line;
   return os.str();
@@ -149,12 +156,14 @@ Arena::~Arena() {
   if (base_) cudaFree(base_);  // destructors do not throw; a failure here changes nothing
 }
 
-void* Arena::data(BufferId id) const { return base_ + plan_.entry(id).offset; }
+void* Arena::data(BufferId id) const {
+  return base_ + plan_.entry(id).offset;
+}
 
 TensorView Arena::view(BufferId id, DType dtype, std::initializer_list<int64_t> shape) const {
   TensorView v(data(id), dtype, shape);
-  REPLAY_REQUIRE(v.bytes() <= bytes(id), "view " + v.describe() + " is larger than buffer '" +
-                                             plan_.entry(id).name + "'");
+  REPLAY_REQUIRE(v.bytes() <= bytes(id),
+                 "view " + v.describe() + " is larger than buffer '" + plan_.entry(id).name + "'");
   return v;
 }
 

@@ -1,7 +1,7 @@
-// arena.h: one device allocation per run. A workload first describes every buffer it will need in an
-// ArenaPlan (name, size, lifetime); buffers whose lifetimes do not overlap share memory. The Arena then
-// makes the single cudaMalloc, prints a memory table, and hands out views. Nothing allocates afterwards,
-// so graphs add no memory over eager execution.
+// arena.h: one device allocation per run. A workload first describes every buffer it will need in
+// an ArenaPlan (name, size, lifetime); buffers whose lifetimes do not overlap share memory. The
+// Arena then makes the single cudaMalloc, prints a memory table, and hands out views. Nothing
+// allocates afterwards, so graphs add no memory over eager execution.
 #pragma once
 
 #include <cstddef>
@@ -14,9 +14,9 @@
 
 namespace replay {
 
-// Inclusive range of step phases during which a buffer holds live data. Phases are the workload's own
-// numbering (for a transformer: forward of layer i, backward of layer i, ...). The default spans the
-// whole run: parameters, gradients, optimizer state, graph I/O.
+// Inclusive range of step phases during which a buffer holds live data. Phases are the workload's
+// own numbering (for a transformer: forward of layer i, backward of layer i, ...). The default
+// spans the whole run: parameters, gradients, optimizer state, graph I/O.
 struct Lifetime {
   static constexpr int kForever = std::numeric_limits<int>::max();
   int begin = 0;
@@ -43,13 +43,14 @@ class ArenaPlan {
   BufferId add(std::string name, DType dtype, int64_t elements, std::string group = "other",
                Lifetime life = {});
 
-  // Assigns offsets: largest buffers first, each at the lowest aligned offset that does not overlap a
-  // placed buffer whose lifetime overlaps its own. Deterministic. Called by Arena; callable in tests.
+  // Assigns offsets: largest buffers first, each at the lowest aligned offset that does not overlap
+  // a placed buffer whose lifetime overlaps its own. Deterministic. Called by Arena; callable in
+  // tests.
   void plan();
   bool planned() const { return planned_; }
 
-  size_t total_bytes() const;               // arena size after plan()
-  size_t sum_bytes() const;                 // sum of all buffers, without sharing
+  size_t total_bytes() const;  // arena size after plan()
+  size_t sum_bytes() const;    // sum of all buffers, without sharing
   const Entry& entry(BufferId id) const { return entries_.at(static_cast<size_t>(id)); }
   const std::vector<Entry>& entries() const { return entries_; }
 
@@ -67,8 +68,8 @@ class ArenaPlan {
 class Arena {
  public:
   // Plans (if not yet planned), checks free device memory, and makes the run's one allocation.
-  // The contents are poisoned with 0xFF bytes (NaN for every float type) so that a read of memory no
-  // kernel wrote shows up in the tests.
+  // The contents are poisoned with 0xFF bytes (NaN for every float type) so that a read of memory
+  // no kernel wrote shows up in the tests.
   explicit Arena(ArenaPlan plan, int device);
   ~Arena();
   Arena(const Arena&) = delete;
@@ -77,7 +78,9 @@ class Arena {
   void* data(BufferId id) const;
   size_t bytes(BufferId id) const { return plan_.entry(id).bytes; }
   template <typename T>
-  T* as(BufferId id) const { return static_cast<T*>(data(id)); }
+  T* as(BufferId id) const {
+    return static_cast<T*>(data(id));
+  }
   // A contiguous view; the view may not be larger than the buffer.
   TensorView view(BufferId id, DType dtype, std::initializer_list<int64_t> shape) const;
 

@@ -259,8 +259,8 @@ AttentionPlan::AttentionPlan(const Context& ctx, const AttentionDesc& desc)
 
   // The frontend's preferred implementation first (AUTO picks its unified SDPA node where that
   // node's support surface allows), then the composite graph that every cuDNN 9 version can run.
-  cudnn_fe::Built fwd =
-      cudnn_fe::build([&] { return forward_graph(desc_, fe::AttentionImplementation_t::AUTO); }, handle);
+  cudnn_fe::Built fwd = cudnn_fe::build(
+      [&] { return forward_graph(desc_, fe::AttentionImplementation_t::AUTO); }, handle);
   if (!fwd.graph) {
     cudnn_fe::Built composite = cudnn_fe::build(
         [&] { return forward_graph(desc_, fe::AttentionImplementation_t::COMPOSITE); }, handle);

@@ -22,23 +22,38 @@ std::atomic<int64_t> g_launch_delay_ns{0};
 
 const char* cublas_status_name(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-    default: return "CUBLAS_STATUS_UNKNOWN";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN";
   }
 }
 }  // namespace
 
-void set_error_rank(int rank) { g_error_rank.store(rank); }
-int error_rank() { return g_error_rank.load(); }
+void set_error_rank(int rank) {
+  g_error_rank.store(rank);
+}
+int error_rank() {
+  return g_error_rank.load();
+}
 
 void set_host_launch_delay_us(double microseconds) {
   REPLAY_REQUIRE(microseconds >= 0 && microseconds <= 1e6, "host delay must be in [0, 1e6] us");
@@ -142,7 +157,9 @@ void check_hdf5(int64_t status, const char* call, const char* file, int line) {
   throw_error("HDF5", "failure (" + std::to_string(status) + ")", call, file, line, stack);
 }
 
-void clear_last_cuda_error() { (void)cudaGetLastError(); }
+void clear_last_cuda_error() {
+  (void)cudaGetLastError();
+}
 
 }  // namespace detail
 }  // namespace replay

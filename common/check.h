@@ -1,7 +1,7 @@
-// check.h: one checking header for every library replay calls (CUDA runtime, cuBLASLt, cuDNN, the cuDNN
-// frontend, NCCL, MPI, HDF5). A failed call throws replay::Error whose message names the library, the
-// status string, the call, file:line and the rank. Library code throws; main() catches (see
-// replay::run_main) and turns the error into a clear message and a non-zero exit.
+// check.h: one checking header for every library replay calls (CUDA runtime, cuBLASLt, cuDNN, the
+// cuDNN frontend, NCCL, MPI, HDF5). A failed call throws replay::Error whose message names the
+// library, the status string, the call, file:line and the rank. Library code throws; main() catches
+// (see replay::run_main) and turns the error into a clear message and a non-zero exit.
 //
 // The header includes no library header: a status type is a template parameter, and check.cpp, the
 // only file that sees every library, instantiates the check for cudaError_t, cublasStatus_t,
@@ -76,9 +76,9 @@ void clear_last_cuda_error();
   ::replay::detail::check_launch(static_cast<int>(cudaGetLastError()), __FILE__, __LINE__)
 
 // Precondition check for replay's own code: throws Error("replay", "invalid argument", ...).
-#define REPLAY_REQUIRE(cond, detail_msg)                                                       \
-  do {                                                                                         \
-    if (!(cond))                                                                               \
-      ::replay::throw_error("replay", "precondition failed", #cond, __FILE__, __LINE__,        \
-                            (detail_msg));                                                     \
+#define REPLAY_REQUIRE(cond, detail_msg)                                                \
+  do {                                                                                  \
+    if (!(cond))                                                                        \
+      ::replay::throw_error("replay", "precondition failed", #cond, __FILE__, __LINE__, \
+                            (detail_msg));                                              \
   } while (0)

@@ -35,15 +35,16 @@ int Context::device_count() {
 
 Context::Context(int device, int side_streams, bool allow_any_gpu) : device_(device) {
   const int n = device_count();
-  if (n == 0) throw Error("replay", "no GPU", "no CUDA device is visible: replay needs a Hopper GPU");
-  REPLAY_REQUIRE(device >= 0 && device < n,
-                 "device " + std::to_string(device) + " requested, " + std::to_string(n) + " visible");
+  if (n == 0)
+    throw Error("replay", "no GPU", "no CUDA device is visible: replay needs a Hopper GPU");
+  REPLAY_REQUIRE(device >= 0 && device < n, "device " + std::to_string(device) + " requested, " +
+                                                std::to_string(n) + " visible");
   REPLAY_CUDA_CHECK(cudaSetDevice(device_));
   REPLAY_CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
   if (!allow_any_gpu && props_.major != 9) {
     throw Error("replay", "unsupported GPU",
-                std::string(props_.name) + " has compute capability " + std::to_string(props_.major) +
-                    "." + std::to_string(props_.minor) +
+                std::string(props_.name) + " has compute capability " +
+                    std::to_string(props_.major) + "." + std::to_string(props_.minor) +
                     "; replay is built for Hopper (sm_90a: H100, H200, GH200)");
   }
   REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -86,7 +87,9 @@ std::string version3(int v, int major_div, int minor_div) {
 
 EnvironmentReport Context::environment() const {
   EnvironmentReport r;
-  auto add = [&](std::string k, std::string v) { r.fields.emplace_back(std::move(k), std::move(v)); };
+  auto add = [&](std::string k, std::string v) {
+    r.fields.emplace_back(std::move(k), std::move(v));
+  };
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   add("host", host);

@@ -1,6 +1,6 @@
-// context.h: the per-process device context. Owns the device choice, non-blocking streams, the cuBLASLt
-// and cuDNN handles bound to the work stream, and the run's Arena; reports the environment (GPU, clocks,
-// driver and library versions) for benchmark headers and JSON.
+// context.h: the per-process device context. Owns the device choice, non-blocking streams, the
+// cuBLASLt and cuDNN handles bound to the work stream, and the run's Arena; reports the environment
+// (GPU, clocks, driver and library versions) for benchmark headers and JSON.
 #pragma once
 
 #include <cublasLt.h>
@@ -26,8 +26,8 @@ struct EnvironmentReport {
 class Context {
  public:
   // Selects `device`, checks it is a GPU replay can run on (compute capability 9.0, unless
-  // allow_any_gpu), creates one work stream and `side_streams` more (all non-blocking), and the library
-  // handles. Throws Error with a clear message when there is no such GPU.
+  // allow_any_gpu), creates one work stream and `side_streams` more (all non-blocking), and the
+  // library handles. Throws Error with a clear message when there is no such GPU.
   explicit Context(int device = 0, int side_streams = 2, bool allow_any_gpu = false);
   ~Context();
   Context(const Context&) = delete;

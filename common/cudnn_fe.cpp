@@ -15,23 +15,38 @@ namespace replay::cudnn_fe {
 
 const char* code_name(fe::error_code_t code) {
   switch (code) {
-    case fe::error_code_t::OK: return "OK";
-    case fe::error_code_t::ATTRIBUTE_NOT_SET: return "ATTRIBUTE_NOT_SET";
-    case fe::error_code_t::SHAPE_DEDUCTION_FAILED: return "SHAPE_DEDUCTION_FAILED";
-    case fe::error_code_t::INVALID_TENSOR_NAME: return "INVALID_TENSOR_NAME";
-    case fe::error_code_t::INVALID_VARIANT_PACK: return "INVALID_VARIANT_PACK";
-    case fe::error_code_t::GRAPH_NOT_SUPPORTED: return "GRAPH_NOT_SUPPORTED";
+    case fe::error_code_t::OK:
+      return "OK";
+    case fe::error_code_t::ATTRIBUTE_NOT_SET:
+      return "ATTRIBUTE_NOT_SET";
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
+      return "SHAPE_DEDUCTION_FAILED";
+    case fe::error_code_t::INVALID_TENSOR_NAME:
+      return "INVALID_TENSOR_NAME";
+    case fe::error_code_t::INVALID_VARIANT_PACK:
+      return "INVALID_VARIANT_PACK";
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+      return "GRAPH_NOT_SUPPORTED";
     case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
       return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
-    case fe::error_code_t::GRAPH_EXECUTION_FAILED: return "GRAPH_EXECUTION_FAILED";
-    case fe::error_code_t::HEURISTIC_QUERY_FAILED: return "HEURISTIC_QUERY_FAILED";
-    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT: return "UNSUPPORTED_GRAPH_FORMAT";
-    case fe::error_code_t::CUDA_API_FAILED: return "CUDA_API_FAILED";
-    case fe::error_code_t::CUDNN_BACKEND_API_FAILED: return "CUDNN_BACKEND_API_FAILED";
-    case fe::error_code_t::INVALID_CUDA_DEVICE: return "INVALID_CUDA_DEVICE";
-    case fe::error_code_t::HANDLE_ERROR: return "HANDLE_ERROR";
-    case fe::error_code_t::INVALID_VALUE: return "INVALID_VALUE";
-    case fe::error_code_t::NVRTC_COMPILATION_FAILED: return "NVRTC_COMPILATION_FAILED";
+    case fe::error_code_t::GRAPH_EXECUTION_FAILED:
+      return "GRAPH_EXECUTION_FAILED";
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
+      return "HEURISTIC_QUERY_FAILED";
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT:
+      return "UNSUPPORTED_GRAPH_FORMAT";
+    case fe::error_code_t::CUDA_API_FAILED:
+      return "CUDA_API_FAILED";
+    case fe::error_code_t::CUDNN_BACKEND_API_FAILED:
+      return "CUDNN_BACKEND_API_FAILED";
+    case fe::error_code_t::INVALID_CUDA_DEVICE:
+      return "INVALID_CUDA_DEVICE";
+    case fe::error_code_t::HANDLE_ERROR:
+      return "HANDLE_ERROR";
+    case fe::error_code_t::INVALID_VALUE:
+      return "INVALID_VALUE";
+    case fe::error_code_t::NVRTC_COMPILATION_FAILED:
+      return "NVRTC_COMPILATION_FAILED";
   }
   return "UNKNOWN";
 }
@@ -43,9 +58,9 @@ void throw_status(fe::error_t status, const char* call, const char* file, int li
 }
 
 fe::DataType_t io_type(DType dtype) {
-  REPLAY_REQUIRE(dtype == DType::kBF16 || dtype == DType::kFP16,
-                 std::string("cuDNN frontend storage must be bf16 or fp16, got ") +
-                     dtype_name(dtype));
+  REPLAY_REQUIRE(
+      dtype == DType::kBF16 || dtype == DType::kFP16,
+      std::string("cuDNN frontend storage must be bf16 or fp16, got ") + dtype_name(dtype));
   return dtype == DType::kFP16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
 }
 

@@ -3,7 +3,8 @@
 // into replay::Error, a graph built through the frontend's stages or the reason it could not be,
 // the handle pointed at the caller's stream for one call, and execute with the host launch delay.
 //
-// Include it only from the .cpp files that build frontend graphs: cudnn_frontend.h is slow to parse.
+// Include it only from the .cpp files that build frontend graphs: cudnn_frontend.h is slow to
+// parse.
 #pragma once
 
 // The frontend's JSON (de)serialization is not used, and skipping it halves the parse. Every
@@ -32,8 +33,8 @@ namespace fe = cudnn_frontend;
 const char* code_name(fe::error_code_t code);
 
 // Throws Error("cuDNN frontend", <code>, ...) with the frontend's message and `what` was done.
-[[noreturn]] void throw_status(fe::error_t status, const char* call, const char* file,
-                               int line, const std::string& what);
+[[noreturn]] void throw_status(fe::error_t status, const char* call, const char* file, int line,
+                               const std::string& what);
 
 // bf16 or fp16 storage as the frontend names it; anything else throws.
 fe::DataType_t io_type(DType dtype);
@@ -74,9 +75,9 @@ void execute(fe::graph::Graph& graph, cudnnHandle_t handle, cudaStream_t stream,
 }  // namespace replay::cudnn_fe
 
 // REPLAY_FE_CHECK(call, what): a frontend call whose error_t must be good.
-#define REPLAY_FE_CHECK(call, what)                                                       \
-  do {                                                                                    \
-    ::cudnn_frontend::error_t replay_fe_status = (call);                                  \
-    if (replay_fe_status.is_bad())                                                        \
+#define REPLAY_FE_CHECK(call, what)                                                          \
+  do {                                                                                       \
+    ::cudnn_frontend::error_t replay_fe_status = (call);                                     \
+    if (replay_fe_status.is_bad())                                                           \
       ::replay::cudnn_fe::throw_status(replay_fe_status, #call, __FILE__, __LINE__, (what)); \
   } while (0)

@@ -1,11 +1,12 @@
-// philox.h: counter-based Philox4x32-10 (Salmon et al., SC'11), identical on host and device, and the
-// device-resident RNG slot every random op reads. Stateless: a draw depends only on (seed, counter), so
-// eager and graphed launches of the same kernel draw the same numbers.
+// philox.h: counter-based Philox4x32-10 (Salmon et al., SC'11), identical on host and device, and
+// the device-resident RNG slot every random op reads. Stateless: a draw depends only on (seed,
+// counter), so eager and graphed launches of the same kernel draw the same numbers.
 //
-// Counter layout used by every replay op: {block_lo, block_hi, position_lo, position_hi}, where block
-// indexes groups of four numbers inside one op and position = slot->offset + op_offset. The graph layer
-// assigns each random op a distinct op_offset when the plan is built and advances slot->offset once per
-// step from a captured kernel, so every step (and every replay) draws fresh numbers.
+// Counter layout used by every replay op: {block_lo, block_hi, position_lo, position_hi}, where
+// block indexes groups of four numbers inside one op and position = slot->offset + op_offset. The
+// graph layer assigns each random op a distinct op_offset when the plan is built and advances
+// slot->offset once per step from a captured kernel, so every step (and every replay) draws fresh
+// numbers.
 #pragma once
 
 #include <cstdint>
@@ -68,16 +69,16 @@ REPLAY_HOST_DEVICE Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
 
 // Four numbers for (seed, position, block).
 REPLAY_HOST_DEVICE Philox4 philox_block(uint64_t seed, uint64_t position, uint64_t block) {
-  return philox4x32_10(Philox4{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                               static_cast<uint32_t>(position),
-                               static_cast<uint32_t>(position >> 32)},
-                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32_10(
+      Philox4{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+              static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32)},
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 #if defined(__CUDACC__)
 // One (seed, position) stream for a whole launch: the key schedule is expanded once (uniform across
-// the grid, it lives in uniform registers), so draw(block) costs only the rounds. draw(block) returns
-// exactly philox_block(seed, position, block).
+// the grid, it lives in uniform registers), so draw(block) costs only the rounds. draw(block)
+// returns exactly philox_block(seed, position, block).
 struct PhiloxStream {
   uint32_t k0[10], k1[10];
   uint32_t pos_lo, pos_hi;

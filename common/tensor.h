@@ -1,5 +1,5 @@
-// tensor.h: DType and TensorView, a non-owning (pointer, dtype, shape, strides) view. Cheap to copy;
-// memory always belongs to the Arena (or, in tests, to the test).
+// tensor.h: DType and TensorView, a non-owning (pointer, dtype, shape, strides) view. Cheap to
+// copy; memory always belongs to the Arena (or, in tests, to the test).
 #pragma once
 
 #include <array>
@@ -17,27 +17,39 @@ enum class DType : uint8_t { kBF16, kFP16, kFP32, kFP8E4M3, kFP8E5M2, kINT32, kI
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::kBF16:
-    case DType::kFP16: return 2;
+    case DType::kFP16:
+      return 2;
     case DType::kFP32:
-    case DType::kINT32: return 4;
-    case DType::kINT64: return 8;
+    case DType::kINT32:
+      return 4;
+    case DType::kINT64:
+      return 8;
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-    case DType::kUINT8: return 1;
+    case DType::kUINT8:
+      return 1;
   }
   return 0;
 }
 
 constexpr const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP32: return "fp32";
-    case DType::kFP8E4M3: return "fp8e4m3";
-    case DType::kFP8E5M2: return "fp8e5m2";
-    case DType::kINT32: return "int32";
-    case DType::kINT64: return "int64";
-    case DType::kUINT8: return "uint8";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kFP8E4M3:
+      return "fp8e4m3";
+    case DType::kFP8E5M2:
+      return "fp8e5m2";
+    case DType::kINT32:
+      return "int32";
+    case DType::kINT64:
+      return "int64";
+    case DType::kUINT8:
+      return "uint8";
   }
   return "?";
 }

@@ -1,4 +1,5 @@
-// graph.cpp: capture with fault classification, instantiate/upload, update in place or re-instantiate.
+// graph.cpp: capture with fault classification, instantiate/upload, update in place or
+// re-instantiate.
 #include "graphs/graph.h"
 
 #include <chrono>
@@ -19,44 +20,67 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-bool contains(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool contains(std::string_view s, std::string_view what) {
+  return s.find(what) != std::string_view::npos;
+}
 
 const char* update_result_name(cudaGraphExecUpdateResult r) {
   switch (r) {
-    case cudaGraphExecUpdateSuccess: return "cudaGraphExecUpdateSuccess";
-    case cudaGraphExecUpdateError: return "cudaGraphExecUpdateError";
-    case cudaGraphExecUpdateErrorTopologyChanged: return "cudaGraphExecUpdateErrorTopologyChanged";
-    case cudaGraphExecUpdateErrorNodeTypeChanged: return "cudaGraphExecUpdateErrorNodeTypeChanged";
-    case cudaGraphExecUpdateErrorFunctionChanged: return "cudaGraphExecUpdateErrorFunctionChanged";
-    case cudaGraphExecUpdateErrorParametersChanged: return "cudaGraphExecUpdateErrorParametersChanged";
-    case cudaGraphExecUpdateErrorNotSupported: return "cudaGraphExecUpdateErrorNotSupported";
+    case cudaGraphExecUpdateSuccess:
+      return "cudaGraphExecUpdateSuccess";
+    case cudaGraphExecUpdateError:
+      return "cudaGraphExecUpdateError";
+    case cudaGraphExecUpdateErrorTopologyChanged:
+      return "cudaGraphExecUpdateErrorTopologyChanged";
+    case cudaGraphExecUpdateErrorNodeTypeChanged:
+      return "cudaGraphExecUpdateErrorNodeTypeChanged";
+    case cudaGraphExecUpdateErrorFunctionChanged:
+      return "cudaGraphExecUpdateErrorFunctionChanged";
+    case cudaGraphExecUpdateErrorParametersChanged:
+      return "cudaGraphExecUpdateErrorParametersChanged";
+    case cudaGraphExecUpdateErrorNotSupported:
+      return "cudaGraphExecUpdateErrorNotSupported";
     case cudaGraphExecUpdateErrorUnsupportedFunctionChange:
       return "cudaGraphExecUpdateErrorUnsupportedFunctionChange";
-    case cudaGraphExecUpdateErrorAttributesChanged: return "cudaGraphExecUpdateErrorAttributesChanged";
+    case cudaGraphExecUpdateErrorAttributesChanged:
+      return "cudaGraphExecUpdateErrorAttributesChanged";
   }
   return "cudaGraphExecUpdateResult(unknown)";
 }
 
 const char* node_type_name(cudaGraphNodeType t) {
   switch (t) {
-    case cudaGraphNodeTypeKernel: return "kernel";
-    case cudaGraphNodeTypeMemcpy: return "memcpy";
-    case cudaGraphNodeTypeMemset: return "memset";
-    case cudaGraphNodeTypeHost: return "host";
-    case cudaGraphNodeTypeGraph: return "child graph";
-    case cudaGraphNodeTypeEmpty: return "empty";
-    case cudaGraphNodeTypeWaitEvent: return "event wait";
-    case cudaGraphNodeTypeEventRecord: return "event record";
-    case cudaGraphNodeTypeMemAlloc: return "memory allocation";
-    case cudaGraphNodeTypeMemFree: return "memory free";
-    case cudaGraphNodeTypeConditional: return "conditional";
-    default: return "other";
+    case cudaGraphNodeTypeKernel:
+      return "kernel";
+    case cudaGraphNodeTypeMemcpy:
+      return "memcpy";
+    case cudaGraphNodeTypeMemset:
+      return "memset";
+    case cudaGraphNodeTypeHost:
+      return "host";
+    case cudaGraphNodeTypeGraph:
+      return "child graph";
+    case cudaGraphNodeTypeEmpty:
+      return "empty";
+    case cudaGraphNodeTypeWaitEvent:
+      return "event wait";
+    case cudaGraphNodeTypeEventRecord:
+      return "event record";
+    case cudaGraphNodeTypeMemAlloc:
+      return "memory allocation";
+    case cudaGraphNodeTypeMemFree:
+      return "memory free";
+    case cudaGraphNodeTypeConditional:
+      return "conditional";
+    default:
+      return "other";
   }
 }
 
-// Throws the capture failure of graph `name`; `cause` is the original error's message when there is one.
-[[noreturn]] void throw_capture_failure(const std::string& name, cudaError_t code, const std::string& cause,
-                                        cudaError_t end_status) {
+// Throws the capture failure of graph `name`; `cause` is the original error's message when there is
+// one.
+[[noreturn]] void throw_capture_failure(const std::string& name, cudaError_t code,
+                                        const std::string& cause, cudaError_t end_status) {
   std::string msg = "graph '" + name + "': capture failed: " + capture_fault_class(code, cause);
   if (!cause.empty()) msg += "; cause: " + cause;
   if (end_status != cudaSuccess && end_status != code)
@@ -73,14 +97,16 @@ const char* capture_mode_name(CaptureMode mode) {
 }
 
 cudaStreamCaptureMode to_cuda(CaptureMode mode) {
-  return mode == CaptureMode::kGlobal ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeThreadLocal;
+  return mode == CaptureMode::kGlobal ? cudaStreamCaptureModeGlobal
+                                      : cudaStreamCaptureModeThreadLocal;
 }
 
 std::string capture_fault_class(cudaError_t code, std::string_view call) {
   std::string what;
   switch (code) {
     case cudaErrorStreamCaptureUnsupported:
-      if (contains(call, "Synchronize") || contains(call, "cudaMemcpy(") || contains(call, "cudaMemset("))
+      if (contains(call, "Synchronize") || contains(call, "cudaMemcpy(") ||
+          contains(call, "cudaMemset("))
         what = "host synchronization during capture";
       else if (contains(call, "Malloc") || contains(call, "Free") || contains(call, "HostAlloc") ||
                contains(call, "HostRegister"))
@@ -91,21 +117,37 @@ std::string capture_fault_class(cudaError_t code, std::string_view call) {
         what = "operation not permitted during capture (host synchronization, allocation or query)";
       break;
     case cudaErrorStreamCaptureInvalidated:
-      what = "capture invalidated by an earlier forbidden call (in global mode possibly from another thread)";
+      what =
+          "capture invalidated by an earlier forbidden call (in global mode possibly from another "
+          "thread)";
       break;
-    case cudaErrorStreamCaptureMerge: what = "two separate captures were merged"; break;
-    case cudaErrorStreamCaptureUnmatched: what = "capture was not begun on this stream"; break;
+    case cudaErrorStreamCaptureMerge:
+      what = "two separate captures were merged";
+      break;
+    case cudaErrorStreamCaptureUnmatched:
+      what = "capture was not begun on this stream";
+      break;
     case cudaErrorStreamCaptureUnjoined:
       what = "a stream forked from the capture stream was not joined back before the capture ended";
       break;
     case cudaErrorStreamCaptureIsolation:
-      what = "dependency on work outside the capture (an event recorded before capture or on an uncaptured "
-             "stream)";
+      what =
+          "dependency on work outside the capture (an event recorded before capture or on an "
+          "uncaptured "
+          "stream)";
       break;
-    case cudaErrorStreamCaptureImplicit: what = "implicit dependency on the legacy default stream"; break;
-    case cudaErrorCapturedEvent: what = "synchronization on or query of an event recorded in the capture"; break;
-    case cudaErrorStreamCaptureWrongThread: what = "capture ended from a thread other than the one that began it"; break;
-    default: what = "CUDA error during capture"; break;
+    case cudaErrorStreamCaptureImplicit:
+      what = "implicit dependency on the legacy default stream";
+      break;
+    case cudaErrorCapturedEvent:
+      what = "synchronization on or query of an event recorded in the capture";
+      break;
+    case cudaErrorStreamCaptureWrongThread:
+      what = "capture ended from a thread other than the one that began it";
+      break;
+    default:
+      what = "CUDA error during capture";
+      break;
   }
   return what + " (" + cudaGetErrorName(code) + ")";
 }
@@ -117,21 +159,27 @@ std::string capture_fault_fix(cudaError_t code, std::string_view call) {
           contains(call, "HostRegister"))
         return "plan every buffer before capture (Arena) and pin host memory at setup";
       if (contains(call, "Query")) return "query streams and events outside the captured region";
-      return "move the host read after the replay, or keep the logic on the device (device scalars, "
+      return "move the host read after the replay, or keep the logic on the device (device "
+             "scalars, "
              "conditional nodes)";
     case cudaErrorStreamCaptureInvalidated:
-      return "find the first forbidden call (it failed with error 900); use thread-local capture when other "
+      return "find the first forbidden call (it failed with error 900); use thread-local capture "
+             "when other "
              "threads must keep using CUDA";
     case cudaErrorStreamCaptureUnjoined:
-      return "record an event on every side stream and make the capture stream wait on it before the region "
+      return "record an event on every side stream and make the capture stream wait on it before "
+             "the region "
              "ends";
     case cudaErrorStreamCaptureIsolation:
-      return "fork side streams from the capture stream (they wait on an event recorded on it) and wait on "
+      return "fork side streams from the capture stream (they wait on an event recorded on it) and "
+             "wait on "
              "earlier work before the capture begins";
     case cudaErrorStreamCaptureImplicit:
       return "launch on explicit non-blocking streams, never on stream 0";
-    case cudaErrorCapturedEvent: return "query or synchronize events outside the captured region";
-    default: return {};
+    case cudaErrorCapturedEvent:
+      return "query or synchronize events outside the captured region";
+    default:
+      return {};
   }
 }
 
@@ -143,7 +191,8 @@ cudaError_t capture_error_from_status(std::string_view status) {
                                cudaErrorStreamCaptureWrongThread};
   for (cudaError_t c : codes) {
     const std::string_view name = cudaGetErrorName(c);
-    // The name must be followed by a non-identifier character, so that no name matches a longer one.
+    // The name must be followed by a non-identifier character, so that no name matches a longer
+    // one.
     if (status.substr(0, name.size()) == name &&
         (status.size() == name.size() || status[name.size()] == ' '))
       return c;
@@ -154,8 +203,8 @@ cudaError_t capture_error_from_status(std::string_view status) {
 std::string dot_file_name(std::string_view graph_name) {
   std::string s(graph_name);
   for (char& c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                    c == '_' || c == '-';
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
     if (!ok) c = '_';
   }
   return (s.empty() ? "graph" : s) + ".dot";
@@ -169,9 +218,13 @@ CaptureStream::~CaptureStream() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-Graph::Graph(std::string name) { stats_.name = std::move(name); }
+Graph::Graph(std::string name) {
+  stats_.name = std::move(name);
+}
 
-Graph::~Graph() { reset(); }
+Graph::~Graph() {
+  reset();
+}
 
 Graph::Graph(Graph&& other) noexcept
     : stats_(std::move(other.stats_)),
@@ -198,8 +251,9 @@ void Graph::reset() noexcept {
 
 cudaGraph_t Graph::capture_raw(cudaStream_t stream, const Work& work, CaptureMode mode) {
   const std::string& name = stats_.name;
-  REPLAY_REQUIRE(stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread,
-                 "graph '" + name + "': capture needs an explicit stream (CaptureStream), not stream 0");
+  REPLAY_REQUIRE(
+      stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread,
+      "graph '" + name + "': capture needs an explicit stream (CaptureStream), not stream 0");
   unsigned flags = 0;
   REPLAY_CUDA_CHECK(cudaStreamGetFlags(stream, &flags));
   REPLAY_REQUIRE((flags & cudaStreamNonBlocking) != 0,
@@ -218,12 +272,14 @@ cudaGraph_t Graph::capture_raw(cudaStream_t stream, const Work& work, CaptureMod
   const auto t0 = Clock::now();
   REPLAY_CUDA_CHECK(cudaStreamBeginCapture(stream, to_cuda(mode)));
 
-  // Ends the capture whatever state it is in; returns EndCapture's status and destroys a partial graph.
+  // Ends the capture whatever state it is in; returns EndCapture's status and destroys a partial
+  // graph.
   auto abandon = [&]() -> cudaError_t {
     cudaGraph_t partial = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream, &partial);
     if (partial) cudaGraphDestroy(partial);
-    (void)cudaGetLastError();  // expected failure: clear it so no later check blames an innocent call
+    (void)
+        cudaGetLastError();  // expected failure: clear it so no later check blames an innocent call
     return end;
   };
 
@@ -233,7 +289,8 @@ cudaGraph_t Graph::capture_raw(cudaStream_t stream, const Work& work, CaptureMod
     const cudaError_t pending = cudaGetLastError();
     const cudaError_t end = abandon();
     cudaError_t code = capture_error_from_status(e.status());
-    if (code == cudaErrorUnknown && e.library() == "CUDA") code = pending != cudaSuccess ? pending : end;
+    if (code == cudaErrorUnknown && e.library() == "CUDA")
+      code = pending != cudaSuccess ? pending : end;
     if (code == cudaErrorUnknown || code == cudaSuccess) {
       // Not a CUDA failure (a precondition in the region, say): rethrow it as is, capture closed.
       throw;
@@ -244,13 +301,15 @@ cudaGraph_t Graph::capture_raw(cudaStream_t stream, const Work& work, CaptureMod
     throw;
   }
 
-  // An unchecked forbidden call inside the region leaves its error pending: that is the first fault.
+  // An unchecked forbidden call inside the region leaves its error pending: that is the first
+  // fault.
   const cudaError_t pending = cudaGetLastError();
   REPLAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   if (status == cudaStreamCaptureStatusNone) {
     throw Error("CUDA graph", "capture ended early",
-                "graph '" + name + "': the region ended the capture itself (cudaStreamEndCapture inside the "
-                                   "captured work)");
+                "graph '" + name +
+                    "': the region ended the capture itself (cudaStreamEndCapture inside the "
+                    "captured work)");
   }
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
@@ -286,7 +345,8 @@ void Graph::instantiate(cudaStream_t stream) {
   if (const char* dir = std::getenv("REPLAY_GRAPH_DUMP"); dir != nullptr && dir[0] != '\0') {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    REPLAY_REQUIRE(!ec, std::string("REPLAY_GRAPH_DUMP: cannot create directory ") + dir + ": " + ec.message());
+    REPLAY_REQUIRE(!ec, std::string("REPLAY_GRAPH_DUMP: cannot create directory ") + dir + ": " +
+                            ec.message());
     dump_dot((std::filesystem::path(dir) / dot_file_name(stats_.name)).string());
   }
 }
@@ -297,9 +357,10 @@ void Graph::build(cudaStream_t capture_stream, const Work& work, cudaStream_t up
   instantiate(upload_stream);
 }
 
-UpdateReport Graph::update(cudaStream_t capture_stream, const Work& work, cudaStream_t upload_stream,
-                           CaptureMode mode) {
-  REPLAY_REQUIRE(exec_ != nullptr, "graph '" + stats_.name + "' updated before it was instantiated");
+UpdateReport Graph::update(cudaStream_t capture_stream, const Work& work,
+                           cudaStream_t upload_stream, CaptureMode mode) {
+  REPLAY_REQUIRE(exec_ != nullptr,
+                 "graph '" + stats_.name + "' updated before it was instantiated");
   const auto t0 = Clock::now();
   cudaGraph_t fresh = capture_raw(capture_stream, work, mode);
   cudaGraphExecUpdateResultInfo info{};
@@ -330,21 +391,25 @@ UpdateReport Graph::update(cudaStream_t capture_stream, const Work& work, cudaSt
   stats_.nodes = n;
   report.ms = ms_since(t0);
   if (!report.in_place) {
-    std::fprintf(stderr, "[replay graphs] graph '%s': in-place update refused (%s); re-instantiated in %.2f ms\n",
-                 stats_.name.c_str(), report.reason.c_str(), report.ms);
+    std::fprintf(
+        stderr,
+        "[replay graphs] graph '%s': in-place update refused (%s); re-instantiated in %.2f ms\n",
+        stats_.name.c_str(), report.reason.c_str(), report.ms);
   }
   return report;
 }
 
 void Graph::launch(cudaStream_t stream) const {
-  REPLAY_REQUIRE(exec_ != nullptr, "graph '" + stats_.name + "' launched before it was instantiated");
+  REPLAY_REQUIRE(exec_ != nullptr,
+                 "graph '" + stats_.name + "' launched before it was instantiated");
   REPLAY_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
 }
 
 void Graph::dump_dot(const std::string& path, bool verbose) const {
   REPLAY_REQUIRE(graph_ != nullptr, "graph '" + stats_.name + "' dumped before capture");
   REPLAY_CUDA_CHECK(cudaGraphDebugDotPrint(
-      graph_, path.c_str(), verbose ? cudaGraphDebugDotFlagsVerbose : cudaGraphDebugDotFlagsKernelNodeParams));
+      graph_, path.c_str(),
+      verbose ? cudaGraphDebugDotFlagsVerbose : cudaGraphDebugDotFlagsKernelNodeParams));
 }
 
 }  // namespace replay::graphs

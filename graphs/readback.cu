@@ -20,9 +20,11 @@ struct ReadbackParams {
   int32_t count;
 };
 
-__global__ void readback_kernel(ReadbackSlot* ring, int slots, const int64_t* iteration, ReadbackParams p) {
+__global__ void readback_kernel(ReadbackSlot* ring, int slots, const int64_t* iteration,
+                                ReadbackParams p) {
   const int64_t it = *iteration;
-  ReadbackSlot* slot = ring + ((it % slots) + slots) % slots;  // a corrupt negative counter stays in bounds
+  ReadbackSlot* slot =
+      ring + ((it % slots) + slots) % slots;  // a corrupt negative counter stays in bounds
   for (int k = 0; k < p.count; ++k) {
     slot->raw[k] = p.type[k] == static_cast<int32_t>(ScalarType::kI64)
                        ? *static_cast<const uint64_t*>(p.src[k])
@@ -42,7 +44,8 @@ double ReadbackSample::get(const std::string& name) const {
 
 ReadbackRing::ReadbackRing(int slots, const int64_t* iteration, std::vector<ReadbackField> fields)
     : slots_(slots), iteration_(iteration), fields_(std::move(fields)) {
-  REPLAY_REQUIRE(slots >= 2, "a readback ring needs at least 2 slots (the host reads at least one step late)");
+  REPLAY_REQUIRE(slots >= 2,
+                 "a readback ring needs at least 2 slots (the host reads at least one step late)");
   REPLAY_REQUIRE(iteration != nullptr, "the readback ring needs the device iteration counter");
   REPLAY_REQUIRE(!fields_.empty() && fields_.size() <= static_cast<size_t>(kMaxFields),
                  "a readback ring copies 1 to " + std::to_string(kMaxFields) + " fields");
@@ -56,7 +59,8 @@ ReadbackRing::ReadbackRing(int slots, const int64_t* iteration, std::vector<Read
   std::memset(static_cast<void*>(host_), 0, bytes);
   REPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
   events_.resize(static_cast<size_t>(slots_), nullptr);
-  for (cudaEvent_t& e : events_) REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t& e : events_)
+    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 ReadbackRing::~ReadbackRing() {
@@ -82,11 +86,12 @@ void ReadbackRing::step_enqueued(cudaStream_t stream) {
 }
 
 void ReadbackRing::check_readable(int64_t s) const {
-  REPLAY_REQUIRE(s >= 0 && s < enqueued_,
-                 "readback of step " + std::to_string(s) + ": only " + std::to_string(enqueued_) + " steps enqueued");
-  REPLAY_REQUIRE(s >= enqueued_ - slots_, "readback of step " + std::to_string(s) + ": its slot was reused (ring of " +
-                                              std::to_string(slots_) + " slots, " + std::to_string(enqueued_) +
-                                              " steps enqueued); read with a lag below the ring size");
+  REPLAY_REQUIRE(s >= 0 && s < enqueued_, "readback of step " + std::to_string(s) + ": only " +
+                                              std::to_string(enqueued_) + " steps enqueued");
+  REPLAY_REQUIRE(s >= enqueued_ - slots_,
+                 "readback of step " + std::to_string(s) + ": its slot was reused (ring of " +
+                     std::to_string(slots_) + " slots, " + std::to_string(enqueued_) +
+                     " steps enqueued); read with a lag below the ring size");
 }
 
 ReadbackSample ReadbackRing::decode(int64_t s) const {
@@ -94,8 +99,10 @@ ReadbackSample ReadbackRing::decode(int64_t s) const {
   const int64_t tag = slot.tag;
   if (tag != s + 1) {
     throw Error("replay", "readback mismatch",
-                "readback ring: the slot of step " + std::to_string(s) + " holds iteration " + std::to_string(tag - 1) +
-                    "; the device iteration counter and the host's step count disagree (register StepScalars as "
+                "readback ring: the slot of step " + std::to_string(s) + " holds iteration " +
+                    std::to_string(tag - 1) +
+                    "; the device iteration counter and the host's step count disagree (register "
+                    "StepScalars as "
                     "StepPlan state, and run ReadbackRing::copy before end_step in every step)");
   }
   ReadbackSample out;
@@ -111,8 +118,12 @@ ReadbackSample ReadbackRing::decode(int64_t s) const {
         v = f;
         break;
       }
-      case ScalarType::kI32: v = static_cast<int32_t>(static_cast<uint32_t>(raw)); break;
-      case ScalarType::kI64: v = static_cast<double>(static_cast<int64_t>(raw)); break;
+      case ScalarType::kI32:
+        v = static_cast<int32_t>(static_cast<uint32_t>(raw));
+        break;
+      case ScalarType::kI64:
+        v = static_cast<double>(static_cast<int64_t>(raw));
+        break;
     }
     out.names.push_back(fields_[k].name);
     out.values.push_back(v);

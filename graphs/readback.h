@@ -12,9 +12,10 @@
 
 namespace replay::graphs {
 
-// Selected device scalars are copied every step, by a captured kernel, into slot (*iteration % slots) of a
-// pinned, device-mapped host ring, with the iteration as a tag. After enqueuing step s the host records
-// one event (outside any graph); read(s - lag) waits for step s - lag only, never for the current step.
+// Selected device scalars are copied every step, by a captured kernel, into slot (*iteration %
+// slots) of a pinned, device-mapped host ring, with the iteration as a tag. After enqueuing step s
+// the host records one event (outside any graph); read(s - lag) waits for step s - lag only, never
+// for the current step.
 enum class ScalarType { kF32, kI32, kI64 };
 
 struct ReadbackField {
@@ -30,15 +31,15 @@ struct ReadbackSample {
   double get(const std::string& name) const;  // throws naming an unknown field
 };
 
-struct ReadbackSlot;  // one slot of the pinned ring (syncfree.cu)
+struct ReadbackSlot;  // one slot of the pinned ring (readback.cu)
 
 class ReadbackRing {
  public:
   static constexpr int kMaxFields = 8;
 
   // `iteration`: a device int64 holding the 0-based index of the executing step when copy() runs
-  // (StepScalars::iteration, with copy() before end_step()). Allocates the pinned ring and the events:
-  // set-up only.
+  // (StepScalars::iteration, with copy() before end_step()). Allocates the pinned ring and the
+  // events: set-up only.
   ReadbackRing(int slots, const int64_t* iteration, std::vector<ReadbackField> fields);
   ~ReadbackRing();
   ReadbackRing(const ReadbackRing&) = delete;

@@ -1,11 +1,13 @@
 // rng.h: RngTracker, the graph layer's capture-safe RNG: named Philox streams (data-parallel,
-// tensor-parallel, expert-parallel, as in Megatron's RNG tracker) whose {seed, offset} slots live in device
-// memory. Every random op registers while the plan is built and receives RngArgs {slot, op_offset}; one
-// kernel at the end of each step adds the step's consumption to every slot's offset. The same kernels run
-// eagerly and inside graphs, so both draw the same numbers, and every step (every replay) draws new ones.
+// tensor-parallel, expert-parallel, as in Megatron's RNG tracker) whose {seed, offset} slots live
+// in device memory. Every random op registers while the plan is built and receives RngArgs {slot,
+// op_offset}; one kernel at the end of each step adds the step's consumption to every slot's
+// offset. The same kernels run eagerly and inside graphs, so both draw the same numbers, and every
+// step (every replay) draws new ones.
 //
-// A draw is philox_block(slot.seed, slot.offset + op_offset, block) (see common/philox.h): op_offset is
-// unique per registered op within its stream, `block` indexes groups of four numbers inside the op.
+// A draw is philox_block(slot.seed, slot.offset + op_offset, block) (see common/philox.h):
+// op_offset is unique per registered op within its stream, `block` indexes groups of four numbers
+// inside the op.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,8 +35,8 @@ class RngTracker {
   // Reserves that memory (lifetime: the whole run) in an arena plan; returns the buffer.
   static BufferId plan(ArenaPlan& plan, int max_streams, const std::string& name = "graphs.rng");
 
-  // `device_memory` (from the arena or the caller, at least device_bytes(max_streams), 16-byte aligned)
-  // holds the slots followed by the snapshot area. Nothing is written until initialize().
+  // `device_memory` (from the arena or the caller, at least device_bytes(max_streams), 16-byte
+  // aligned) holds the slots followed by the snapshot area. Nothing is written until initialize().
   RngTracker(void* device_memory, size_t bytes, int max_streams);
   RngTracker(const RngTracker&) = delete;
   RngTracker& operator=(const RngTracker&) = delete;
@@ -47,17 +49,18 @@ class RngTracker {
   void add_parallel_streams(uint64_t seed, int tp_rank, int ep_rank, int expert_tp_rank);
 
   // Registers random op `op` on `stream` while the plan is built. The op owns `positions` counter
-  // positions per step: op_offset .. op_offset + positions - 1 (one suffices unless the op runs several
-  // times in a step with the same RngArgs; it then adds k to op_offset for its k-th call). Registration
-  // closes at the first advance(): a late op would overlap the next step's numbers.
+  // positions per step: op_offset .. op_offset + positions - 1 (one suffices unless the op runs
+  // several times in a step with the same RngArgs; it then adds k to op_offset for its k-th call).
+  // Registration closes at the first advance(): a late op would overlap the next step's numbers.
   RngArgs register_op(const std::string& stream, const std::string& op, uint64_t positions = 1);
 
   // Writes {seed, offset 0} into every slot (one kernel). Once, before the first step.
   void initialize(cudaStream_t stream) const;
-  // Adds each stream's per-step consumption to its slot's offset (one kernel). Enqueued at the end of
-  // every step (StepPlan does it, inside the graph in full mode); closes registration.
+  // Adds each stream's per-step consumption to its slot's offset (one kernel). Enqueued at the end
+  // of every step (StepPlan does it, inside the graph in full mode); closes registration.
   void advance(cudaStream_t stream);
-  // Copies the slots to the snapshot area and back (one 16-byte-per-slot device copy each; capturable).
+  // Copies the slots to the snapshot area and back (one 16-byte-per-slot device copy each;
+  // capturable).
   void snapshot(cudaStream_t stream) const;
   void restore(cudaStream_t stream) const;
 
@@ -92,7 +95,8 @@ class RngTracker {
 };
 
 #if defined(__CUDACC__)
-// Four random numbers of block `block` of the op holding `args`, from the slot as it is at run time.
+// Four random numbers of block `block` of the op holding `args`, from the slot as it is at run
+// time.
 __device__ __forceinline__ Philox4 rng_draw(const RngArgs& args, uint64_t block) {
   const PhiloxSlot s = *args.slot;
   return philox_block(s.seed, s.offset + args.op_offset, block);

@@ -1,5 +1,5 @@
-// step_plan.cpp: StepPlan's runtime: neutral warm-up, capture in execution order, checked replay, shadow
-// verification and in-place updates.
+// step_plan.cpp: StepPlan's runtime: neutral warm-up, capture in execution order, checked replay,
+// shadow verification and in-place updates.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -19,7 +19,9 @@ namespace {
 class PinnedBuffer {
  public:
   explicit PinnedBuffer(size_t bytes) {
-    if (bytes > 0) REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&data_), bytes, cudaHostAllocDefault));
+    if (bytes > 0)
+      REPLAY_CUDA_CHECK(
+          cudaHostAlloc(reinterpret_cast<void**>(&data_), bytes, cudaHostAllocDefault));
   }
   ~PinnedBuffer() {
     if (data_) cudaFreeHost(data_);
@@ -54,12 +56,14 @@ StepPlan::~StepPlan() {
 }
 
 void StepPlan::add_region(Region region) {
-  REPLAY_REQUIRE(!prepared_, "region '" + region.name + "' added to step '" + name_ + "' after it was built");
+  REPLAY_REQUIRE(!prepared_,
+                 "region '" + region.name + "' added to step '" + name_ + "' after it was built");
   regions_.push_back(std::move(region));
 }
 
 void StepPlan::add_state(const std::string& name, void* device, size_t bytes) {
-  REPLAY_REQUIRE(!prepared_, "state '" + name + "' added to step '" + name_ + "' after it was built");
+  REPLAY_REQUIRE(!prepared_,
+                 "state '" + name + "' added to step '" + name_ + "' after it was built");
   REPLAY_REQUIRE(device != nullptr || bytes == 0, "state '" + name + "' has no device memory");
   state_.push_back(Buffer{name, device, bytes, DType::kUINT8});
 }
@@ -82,15 +86,17 @@ void StepPlan::set_shape_keys(std::vector<std::string> names, std::function<void
   for (size_t i = 0; i < names.size(); ++i) {
     REPLAY_REQUIRE(!names[i].empty(), "step '" + name_ + "': shape keys need names");
     for (size_t j = 0; j < i; ++j)
-      REPLAY_REQUIRE(names[i] != names[j], "step '" + name_ + "': shape key '" + names[i] + "' named twice");
+      REPLAY_REQUIRE(names[i] != names[j],
+                     "step '" + name_ + "': shape key '" + names[i] + "' named twice");
   }
   key_names_ = std::move(names);
   select_key_ = std::move(select);
 }
 
 void StepPlan::check_key(int key) const {
-  REPLAY_REQUIRE(key >= 0 && key < shape_keys(), "step '" + name_ + "': shape key " + std::to_string(key) +
-                                                     " out of range (" + std::to_string(shape_keys()) + " keys)");
+  REPLAY_REQUIRE(key >= 0 && key < shape_keys(), "step '" + name_ + "': shape key " +
+                                                     std::to_string(key) + " out of range (" +
+                                                     std::to_string(shape_keys()) + " keys)");
 }
 
 std::string StepPlan::graph_name(const StepUnit& unit, int key) const {
@@ -113,7 +119,8 @@ std::vector<RegionArgs> StepPlan::args_of(const StepUnit& unit) const {
   return args;
 }
 
-void StepPlan::enqueue_unit(const StepUnit& unit, const std::vector<RegionArgs>& args, cudaStream_t stream) {
+void StepPlan::enqueue_unit(const StepUnit& unit, const std::vector<RegionArgs>& args,
+                            cudaStream_t stream) {
   for (int i = unit.first; i <= unit.last; ++i)
     regions_[static_cast<size_t>(i)].enqueue(stream, args[static_cast<size_t>(i - unit.first)]);
   if (full_step() && rng_ != nullptr) rng_->advance(stream);
@@ -125,22 +132,25 @@ void StepPlan::run_eager_step(cudaStream_t stream) {
   if (rng_ != nullptr) rng_->advance(stream);
 }
 
-// Neutral warm-up, in every mode so that all start from the same state: lazy initialization (library
-// handles, kernel modules, NCCL) happens here, outside any capture, at every shape key; then every byte
-// that carries between steps is put back, so step 0 is the same in every mode. With a warm-up hold, the
-// optimizer skips its update and only the registered (small) state is saved.
+// Neutral warm-up, in every mode so that all start from the same state: lazy initialization
+// (library handles, kernel modules, NCCL) happens here, outside any capture, at every shape key;
+// then every byte that carries between steps is put back, so step 0 is the same in every mode. With
+// a warm-up hold, the optimizer skips its update and only the registered (small) state is saved.
 void StepPlan::warm_up(cudaStream_t stream) {
   size_t total = 0;
   for (const Buffer& b : state_) total += b.bytes;
   PinnedBuffer saved(total);
   size_t offset = 0;
   for (const Buffer& b : state_) {
-    if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(saved.get() + offset, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
+    if (b.bytes)
+      REPLAY_CUDA_CHECK(
+          cudaMemcpyAsync(saved.get() + offset, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
     offset += b.bytes;
   }
   static const int32_t kOn = 1, kOff = 0;
   if (warmup_hold_ != nullptr)
-    REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOn, sizeof(kOn), cudaMemcpyHostToDevice, stream));
+    REPLAY_CUDA_CHECK(
+        cudaMemcpyAsync(warmup_hold_, &kOn, sizeof(kOn), cudaMemcpyHostToDevice, stream));
   if (rng_ != nullptr) rng_->snapshot(stream);
   for (int key = 0; key < shape_keys(); ++key) {
     if (select_key_) select_key_(key);
@@ -148,11 +158,14 @@ void StepPlan::warm_up(cudaStream_t stream) {
   }
   offset = 0;
   for (const Buffer& b : state_) {
-    if (b.bytes) REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved.get() + offset, b.bytes, cudaMemcpyHostToDevice, stream));
+    if (b.bytes)
+      REPLAY_CUDA_CHECK(
+          cudaMemcpyAsync(b.device, saved.get() + offset, b.bytes, cudaMemcpyHostToDevice, stream));
     offset += b.bytes;
   }
   if (warmup_hold_ != nullptr)
-    REPLAY_CUDA_CHECK(cudaMemcpyAsync(warmup_hold_, &kOff, sizeof(kOff), cudaMemcpyHostToDevice, stream));
+    REPLAY_CUDA_CHECK(
+        cudaMemcpyAsync(warmup_hold_, &kOff, sizeof(kOff), cudaMemcpyHostToDevice, stream));
   if (rng_ != nullptr) rng_->restore(stream);
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));  // `saved` is freed at scope exit
 }
@@ -164,8 +177,9 @@ void StepPlan::capture(size_t u, int key, cudaStream_t stream) {
   st.captured.clear();
   for (const RegionArgs& a : args) st.captured.push_back(fingerprint(a));
   st.graph = std::make_unique<Graph>(graph_name(unit, key));
-  st.graph->build(capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); }, stream,
-                  options_.capture_mode);
+  st.graph->build(
+      capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); }, stream,
+      options_.capture_mode);
 }
 
 void StepPlan::prepare(cudaStream_t stream) {
@@ -182,8 +196,8 @@ void StepPlan::prepare(cudaStream_t stream) {
     return;
   }
 
-  // Capture in execution order on the plan's own stream, key by key; instantiate and upload on the work
-  // stream.
+  // Capture in execution order on the plan's own stream, key by key; instantiate and upload on the
+  // work stream.
   capture_stream_ = std::make_unique<CaptureStream>();
   for (int key = 0; key < shape_keys(); ++key) {
     if (select_key_) select_key_(key);
@@ -206,12 +220,12 @@ void StepPlan::check_arguments(size_t unit, int key, const std::vector<RegionArg
     const auto k = static_cast<size_t>(i - u.first);
     const std::string mismatch = fingerprint_mismatch(st.captured[k], fingerprint(args[k]));
     if (mismatch.empty()) continue;
-    throw Error("replay", "graph argument mismatch",
-                "step '" + name_ + "', graph '" + graph_name(u, key) + "', region '" +
-                    regions_[static_cast<size_t>(i)].name +
-                    "': " + mismatch +
-                    ". Replaying would use the captured arguments: keep the buffers in place, or call "
-                    "StepPlan::update() after moving them");
+    throw Error(
+        "replay", "graph argument mismatch",
+        "step '" + name_ + "', graph '" + graph_name(u, key) + "', region '" +
+            regions_[static_cast<size_t>(i)].name + "': " + mismatch +
+            ". Replaying would use the captured arguments: keep the buffers in place, or call "
+            "StepPlan::update() after moving them");
   }
 }
 
@@ -237,9 +251,10 @@ void StepPlan::run_step(cudaStream_t stream, int key) {
   if (!full_step() && rng_ != nullptr) rng_->advance(stream);
 }
 
-// The host clock around each unit's enqueue. A launch that finds the driver unable to take more work
-// (its launch queues full, or too many launches pending of graphs holding cuDNN attention: README,
-// "Looking inside a step") waits until the GPU has retired some; the line says where the host waited.
+// The host clock around each unit's enqueue. A launch that finds the driver unable to take more
+// work (its launch queues full, or too many launches pending of graphs holding cuDNN attention:
+// README, "Looking inside a step") waits until the GPU has retired some; the line says where the
+// host waited.
 void StepPlan::run_step_traced(int key, cudaStream_t stream) {
   using Clock = std::chrono::steady_clock;
   constexpr double kReportUs = 200.0;
@@ -253,12 +268,14 @@ void StepPlan::run_step_traced(int key, cudaStream_t stream) {
     if (us > kReportUs) slow << ' ' << units_[u].name << ' ' << static_cast<int64_t>(us);
   }
   const std::string units = slow.str();
-  std::fprintf(stderr, "[replay graphs] step '%s' #%lld enqueued in %lld us; units over %.0f us:%s\n",
-               name_.c_str(), static_cast<long long>(traced_steps_++), static_cast<long long>(total_us),
-               kReportUs, units.empty() ? " none" : units.c_str());
+  std::fprintf(
+      stderr, "[replay graphs] step '%s' #%lld enqueued in %lld us; units over %.0f us:%s\n",
+      name_.c_str(), static_cast<long long>(traced_steps_++), static_cast<long long>(total_us),
+      kReportUs, units.empty() ? " none" : units.c_str());
 }
 
-std::vector<StepPlan::Buffer> StepPlan::outputs_of(size_t unit, const std::vector<RegionArgs>& args) const {
+std::vector<StepPlan::Buffer> StepPlan::outputs_of(size_t unit,
+                                                   const std::vector<RegionArgs>& args) const {
   const StepUnit& u = units_[unit];
   std::vector<Buffer> out;
   auto add = [&](Buffer b) {
@@ -271,14 +288,15 @@ std::vector<StepPlan::Buffer> StepPlan::outputs_of(size_t unit, const std::vecto
     const Region& r = regions_[static_cast<size_t>(i)];
     for (const RegionArg& a : args[static_cast<size_t>(i - u.first)].list()) {
       if (a.access == Access::kRead) continue;
-      REPLAY_REQUIRE(a.view.is_contiguous(), "verify-graphs: output '" + a.name + "' of region '" + r.name +
-                                                 "' is not contiguous");
+      REPLAY_REQUIRE(a.view.is_contiguous(), "verify-graphs: output '" + a.name + "' of region '" +
+                                                 r.name + "' is not contiguous");
       add(Buffer{r.name + ":" + a.name, a.view.data, a.view.bytes(), a.view.dtype});
     }
   }
   if (full_step()) {
     for (const Buffer& s : state_) add(Buffer{"state:" + s.name, s.device, s.bytes, s.dtype});
-    if (rng_ != nullptr) add(Buffer{"rng.slots", rng_->slots(), rng_->slots_bytes(), DType::kINT64});
+    if (rng_ != nullptr)
+      add(Buffer{"rng.slots", rng_->slots(), rng_->slots_bytes(), DType::kINT64});
   }
   return out;
 }
@@ -297,7 +315,8 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream, int key) {
     const std::vector<RegionArgs> args = args_of(unit);
     check_arguments(u, key, args);
     const std::vector<Buffer> outputs = outputs_of(u, args);
-    if (outputs.empty()) {  // nothing to compare; running it twice could apply undeclared writes twice
+    if (outputs
+            .empty()) {  // nothing to compare; running it twice could apply undeclared writes twice
       graph.launch(stream);
       continue;
     }
@@ -308,7 +327,8 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream, int key) {
       if (verify_host_) REPLAY_CUDA_CHECK(cudaFreeHost(verify_host_));
       verify_host_ = nullptr;
       verify_host_bytes_ = 0;
-      REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&verify_host_), 3 * total, cudaHostAllocDefault));
+      REPLAY_CUDA_CHECK(
+          cudaHostAlloc(reinterpret_cast<void**>(&verify_host_), 3 * total, cudaHostAllocDefault));
       verify_host_bytes_ = 3 * total;
     }
     char* saved = verify_host_;
@@ -317,7 +337,8 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream, int key) {
     auto copy_out = [&](char* host) {
       size_t off = 0;
       for (const Buffer& b : outputs) {
-        REPLAY_CUDA_CHECK(cudaMemcpyAsync(host + off, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
+        REPLAY_CUDA_CHECK(
+            cudaMemcpyAsync(host + off, b.device, b.bytes, cudaMemcpyDeviceToHost, stream));
         off += b.bytes;
       }
     };
@@ -326,7 +347,8 @@ VerifyReport StepPlan::verify_step(cudaStream_t stream, int key) {
     copy_out(eager);
     size_t off = 0;
     for (const Buffer& b : outputs) {
-      REPLAY_CUDA_CHECK(cudaMemcpyAsync(b.device, saved + off, b.bytes, cudaMemcpyHostToDevice, stream));
+      REPLAY_CUDA_CHECK(
+          cudaMemcpyAsync(b.device, saved + off, b.bytes, cudaMemcpyHostToDevice, stream));
       off += b.bytes;
     }
     graph.launch(stream);
@@ -369,8 +391,9 @@ std::vector<UpdateReport> StepPlan::update(cudaStream_t stream, int key) {
       changed = changed || !fingerprint_mismatch(st.captured[k], now.back()).empty();
     }
     if (!changed) continue;
-    reports.push_back(st.graph->update(capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); },
-                                       stream, options_.capture_mode));
+    reports.push_back(st.graph->update(
+        capture_stream_->get(), [&](cudaStream_t s) { enqueue_unit(unit, args, s); }, stream,
+        options_.capture_mode));
     st.captured = std::move(now);
   }
   return reports;
@@ -397,18 +420,24 @@ std::string StepPlan::describe() const {
   for (int key = 0; key < shape_keys(); ++key) {
     for (size_t u = 0; u < units_.size(); ++u) {
       const StepUnit& unit = units_[u];
-      const Graph* g = unit_state_.empty() ? nullptr : unit_state_[u]->keys[static_cast<size_t>(key)].graph.get();
+      const Graph* g = unit_state_.empty()
+                           ? nullptr
+                           : unit_state_[u]->keys[static_cast<size_t>(key)].graph.get();
       if (unit.graphed && g != nullptr) {
         const GraphStats& s = g->stats();
-        std::snprintf(line, sizeof(line), "  graph %-28s regions %d..%d  nodes %zu  capture %.2f ms  instantiate %.2f ms:",
-                      g->name().c_str(), unit.first, unit.last, s.nodes, s.capture_ms, s.instantiate_ms);
+        std::snprintf(
+            line, sizeof(line),
+            "  graph %-28s regions %d..%d  nodes %zu  capture %.2f ms  instantiate %.2f ms:",
+            g->name().c_str(), unit.first, unit.last, s.nodes, s.capture_ms, s.instantiate_ms);
       } else if (key == 0) {
-        std::snprintf(line, sizeof(line), "  eager %-28s region %d:", unit.name.c_str(), unit.first);
+        std::snprintf(line, sizeof(line), "  eager %-28s region %d:", unit.name.c_str(),
+                      unit.first);
       } else {
         continue;  // eager units are listed once
       }
       os << line;
-      for (int r = unit.first; r <= unit.last; ++r) os << " " << regions_[static_cast<size_t>(r)].name;
+      for (int r = unit.first; r <= unit.last; ++r)
+        os << " " << regions_[static_cast<size_t>(r)].name;
       os << "\n";
     }
   }

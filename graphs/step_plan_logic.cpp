@@ -1,5 +1,5 @@
-// step_plan_logic.cpp: StepPlan's host-only logic (modes, arguments, fingerprints, partition), kept free of
-// CUDA calls so the CPU tests exercise it without a GPU.
+// step_plan_logic.cpp: StepPlan's host-only logic (modes, arguments, fingerprints, partition), kept
+// free of CUDA calls so the CPU tests exercise it without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +16,8 @@ namespace {
 std::string describe_arg(const ArgFingerprint& f) {
   std::string s = dtype_name(f.dtype);
   s += "[";
-  for (int i = 0; i < f.ndim; ++i) s += (i ? "x" : "") + std::to_string(f.shape[static_cast<size_t>(i)]);
+  for (int i = 0; i < f.ndim; ++i)
+    s += (i ? "x" : "") + std::to_string(f.shape[static_cast<size_t>(i)]);
   s += "]";
   // Strides only when they are not the contiguous ones.
   int64_t expect = 1;
@@ -28,7 +29,8 @@ std::string describe_arg(const ArgFingerprint& f) {
   }
   if (!contiguous) {
     s += " strides (";
-    for (int i = 0; i < f.ndim; ++i) s += (i ? "," : "") + std::to_string(f.stride[static_cast<size_t>(i)]);
+    for (int i = 0; i < f.ndim; ++i)
+      s += (i ? "," : "") + std::to_string(f.stride[static_cast<size_t>(i)]);
     s += ")";
   }
   char addr[32];
@@ -38,9 +40,12 @@ std::string describe_arg(const ArgFingerprint& f) {
 
 const char* access_name(Access a) {
   switch (a) {
-    case Access::kRead: return "read";
-    case Access::kWrite: return "write";
-    case Access::kReadWrite: return "read-write";
+    case Access::kRead:
+      return "read";
+    case Access::kWrite:
+      return "write";
+    case Access::kReadWrite:
+      return "read-write";
   }
   return "?";
 }
@@ -55,9 +60,12 @@ std::string names_of(const std::vector<ArgFingerprint>& f) {
 
 const char* graph_mode_name(GraphMode mode) {
   switch (mode) {
-    case GraphMode::kNone: return "none";
-    case GraphMode::kLayer: return "layer";
-    case GraphMode::kFull: return "full";
+    case GraphMode::kNone:
+      return "none";
+    case GraphMode::kLayer:
+      return "layer";
+    case GraphMode::kFull:
+      return "full";
   }
   return "?";
 }
@@ -72,9 +80,12 @@ GraphMode parse_graph_mode(std::string_view text) {
 
 const char* region_kind_name(RegionKind kind) {
   switch (kind) {
-    case RegionKind::kForwardLayer: return "forward-layer";
-    case RegionKind::kBackwardLayer: return "backward-layer";
-    case RegionKind::kOther: return "other";
+    case RegionKind::kForwardLayer:
+      return "forward-layer";
+    case RegionKind::kBackwardLayer:
+      return "backward-layer";
+    case RegionKind::kOther:
+      return "other";
   }
   return "?";
 }
@@ -102,8 +113,9 @@ const TensorView& RegionArgs::operator[](std::string_view name) const {
     if (a.name == name) return a.view;
   std::string have;
   for (const RegionArg& a : args_) have += (have.empty() ? "" : ", ") + a.name;
-  throw Error("replay", "invalid argument",
-              "region argument '" + std::string(name) + "' was not declared (declared: " + have + ")");
+  throw Error(
+      "replay", "invalid argument",
+      "region argument '" + std::string(name) + "' was not declared (declared: " + have + ")");
 }
 
 std::vector<ArgFingerprint> fingerprint(const RegionArgs& args) {
@@ -119,7 +131,8 @@ std::vector<ArgFingerprint> fingerprint(const RegionArgs& args) {
     f.stride = a.view.stride;
     f.access = a.access;
     // Dimensions past ndim carry no meaning; zero them so they never cause a mismatch.
-    for (int i = f.ndim; i < TensorView::kMaxDims; ++i) f.shape[static_cast<size_t>(i)] = f.stride[static_cast<size_t>(i)] = 0;
+    for (int i = f.ndim; i < TensorView::kMaxDims; ++i)
+      f.shape[static_cast<size_t>(i)] = f.stride[static_cast<size_t>(i)] = 0;
     out.push_back(std::move(f));
   }
   return out;
@@ -128,41 +141,48 @@ std::vector<ArgFingerprint> fingerprint(const RegionArgs& args) {
 std::string fingerprint_mismatch(const std::vector<ArgFingerprint>& captured,
                                  const std::vector<ArgFingerprint>& now) {
   bool same_names = captured.size() == now.size();
-  for (size_t i = 0; same_names && i < captured.size(); ++i) same_names = captured[i].name == now[i].name;
+  for (size_t i = 0; same_names && i < captured.size(); ++i)
+    same_names = captured[i].name == now[i].name;
   if (!same_names) {
     // Name the first argument present on one side only.
     for (const ArgFingerprint& c : captured)
-      if (std::none_of(now.begin(), now.end(), [&](const ArgFingerprint& n) { return n.name == c.name; }))
-        return "argument '" + c.name + "' was captured but is no longer passed (captured " + names_of(captured) +
-               ", now " + names_of(now) + ")";
+      if (std::none_of(now.begin(), now.end(),
+                       [&](const ArgFingerprint& n) { return n.name == c.name; }))
+        return "argument '" + c.name + "' was captured but is no longer passed (captured " +
+               names_of(captured) + ", now " + names_of(now) + ")";
     for (const ArgFingerprint& n : now)
-      if (std::none_of(captured.begin(), captured.end(), [&](const ArgFingerprint& c) { return c.name == n.name; }))
-        return "argument '" + n.name + "' is passed but was not captured (captured " + names_of(captured) +
-               ", now " + names_of(now) + ")";
-    return "the arguments changed order (captured " + names_of(captured) + ", now " + names_of(now) + ")";
+      if (std::none_of(captured.begin(), captured.end(),
+                       [&](const ArgFingerprint& c) { return c.name == n.name; }))
+        return "argument '" + n.name + "' is passed but was not captured (captured " +
+               names_of(captured) + ", now " + names_of(now) + ")";
+    return "the arguments changed order (captured " + names_of(captured) + ", now " +
+           names_of(now) + ")";
   }
   for (size_t i = 0; i < captured.size(); ++i) {
     const ArgFingerprint& c = captured[i];
     const ArgFingerprint& n = now[i];
-    const bool same = c.data == n.data && c.dtype == n.dtype && c.ndim == n.ndim && c.shape == n.shape &&
-                      c.stride == n.stride;
+    const bool same = c.data == n.data && c.dtype == n.dtype && c.ndim == n.ndim &&
+                      c.shape == n.shape && c.stride == n.stride;
     if (!same)
-      return "argument '" + c.name + "' was captured as " + describe_arg(c) + " and is now " + describe_arg(n);
+      return "argument '" + c.name + "' was captured as " + describe_arg(c) + " and is now " +
+             describe_arg(n);
     if (c.access != n.access)
-      return std::string("argument '") + c.name + "' was captured as " + access_name(c.access) + " and is now " +
-             access_name(n.access);
+      return std::string("argument '") + c.name + "' was captured as " + access_name(c.access) +
+             " and is now " + access_name(n.access);
   }
   return {};
 }
 
-std::vector<StepUnit> partition_step(const std::string& plan_name, const std::vector<Region>& regions,
+std::vector<StepUnit> partition_step(const std::string& plan_name,
+                                     const std::vector<Region>& regions,
                                      const StepPlanOptions& options) {
   REPLAY_REQUIRE(!regions.empty(), "step '" + plan_name + "' has no regions");
   REPLAY_REQUIRE(options.warmup_steps >= 0, "step '" + plan_name + "': warm-up steps must be >= 0");
   std::set<std::string> names, scopes;
   for (const Region& r : regions) {
     REPLAY_REQUIRE(!r.name.empty(), "step '" + plan_name + "' has a region without a name");
-    REPLAY_REQUIRE(names.insert(r.name).second, "step '" + plan_name + "': region '" + r.name + "' added twice");
+    REPLAY_REQUIRE(names.insert(r.name).second,
+                   "step '" + plan_name + "': region '" + r.name + "' added twice");
     REPLAY_REQUIRE(static_cast<bool>(r.enqueue), "region '" + r.name + "' has no enqueue function");
     if (!r.scope.empty()) scopes.insert(r.scope);
   }
@@ -190,7 +210,8 @@ std::vector<StepUnit> partition_step(const std::string& plan_name, const std::ve
     if (options.mode == GraphMode::kLayer) {
       graphed = r.graphable.value_or(r.kind != RegionKind::kOther);
       if (!options.scopes.empty())
-        graphed = graphed && std::find(options.scopes.begin(), options.scopes.end(), r.scope) != options.scopes.end();
+        graphed = graphed && std::find(options.scopes.begin(), options.scopes.end(), r.scope) !=
+                                 options.scopes.end();
     }
     units.push_back(StepUnit{r.name, i, i, graphed});
   }
@@ -206,7 +227,8 @@ int64_t first_difference(const void* a, const void* b, size_t bytes, DType dtype
 }
 
 std::string format_element(const void* data, DType dtype, int64_t index) {
-  const auto* p = static_cast<const unsigned char*>(data) + static_cast<size_t>(index) * dtype_size(dtype);
+  const auto* p =
+      static_cast<const unsigned char*>(data) + static_cast<size_t>(index) * dtype_size(dtype);
   char buf[64];
   switch (dtype) {
     case DType::kFP32: {
@@ -252,14 +274,17 @@ std::string format_element(const void* data, DType dtype, int64_t index) {
     }
     case DType::kUINT8:
     case DType::kFP8E4M3:
-    case DType::kFP8E5M2: std::snprintf(buf, sizeof(buf), "0x%02x", p[0]); break;
+    case DType::kFP8E5M2:
+      std::snprintf(buf, sizeof(buf), "0x%02x", p[0]);
+      break;
   }
   return buf;
 }
 
 std::string VerifyReport::message() const {
   if (ok) {
-    return "verify-graphs: " + std::to_string(graphs_checked) + " graphs, " + std::to_string(tensors_checked) +
+    return "verify-graphs: " + std::to_string(graphs_checked) + " graphs, " +
+           std::to_string(tensors_checked) +
            " outputs: eager and graphed results are bit-identical";
   }
   return "verify-graphs: graph '" + graph + "': output '" + tensor + "' differs at element " +

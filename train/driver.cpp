@@ -86,11 +86,11 @@ class LaunchDelayScope {
 
 }  // namespace
 
-std::optional<RunFlags> parse(Workload& w, const std::vector<std::string>& args,
-                              std::FILE* out) {
+std::optional<RunFlags> parse(Workload& w, const std::vector<std::string>& args, std::FILE* out) {
   const WorkloadInfo& info = w.info();
-  return parse_flags(info.tool, preset_names(w), info.default_preset,
-                     [&w](CLI::App& app) { w.add_flags(app); }, args, out);
+  return parse_flags(
+      info.tool, preset_names(w), info.default_preset, [&w](CLI::App& app) { w.add_flags(app); },
+      args, out);
 }
 
 RunFlags resolve(Workload& w, RunFlags f) {
@@ -239,8 +239,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     const double value = trainer.evaluate(eval_samples);
     mllog.event(k::kEvalAccuracy, value, {{k::kSamplesCount, samples}});
     mllog.end(k::kEvalStop, {{k::kSamplesCount, samples}});
-    std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n",
-                 done, eval->metric.c_str(), value, eval_samples, ms_since(e0));
+    std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n", done,
+                 eval->metric.c_str(), value, eval_samples, ms_since(e0));
     rep.evals.push_back({done, eval_samples, value});
     if (done != f.steps) mllog.start(k::kBlockStart, {{k::kSamplesCount, samples}});
     return true;

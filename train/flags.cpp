@@ -69,7 +69,8 @@ CLI::Validator number_in(double lo, double hi) {
       "[" + format_number(lo) + ", " + format_number(hi) + "]");
 }
 
-std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<std::string>& presets,
+std::optional<RunFlags> parse_flags(const std::string& tool,
+                                    const std::vector<std::string>& presets,
                                     const std::string& default_preset,
                                     const std::function<void(CLI::App&)>& add_own, int argc,
                                     const char* const* argv, std::FILE* out) {
@@ -129,7 +130,8 @@ std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<s
   }
   if (!f.inject.empty()) {
     bool known = false;
-    for (const graphs::FaultInfo& k : graphs::fault_catalogue()) known = known || f.inject == k.name;
+    for (const graphs::FaultInfo& k : graphs::fault_catalogue())
+      known = known || f.inject == k.name;
     if (!known) {
       std::string list = graphs::describe_faults();
       list.pop_back();  // run_main ends the line
@@ -141,7 +143,8 @@ std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<s
   return f;
 }
 
-std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<std::string>& presets,
+std::optional<RunFlags> parse_flags(const std::string& tool,
+                                    const std::vector<std::string>& presets,
                                     const std::string& default_preset,
                                     const std::function<void(CLI::App&)>& add_own,
                                     const std::vector<std::string>& args, std::FILE* out) {

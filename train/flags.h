@@ -2,8 +2,8 @@
 // --warmup, --seed, --data, --json, --mllog, --verify-graphs, --host-delay-us, --log-interval,
 // --device, --inject, --eval-interval, --eval-samples, --print-config, and the schedule's --lr,
 // --min-lr, --warmup-steps, --decay-steps), parsed with CLI11 together
-// with the flags a workload adds for itself (--layers, --dropout, ...), and the validators both use,
-// whose messages say what was expected ("--steps: 'many' is not an integer").
+// with the flags a workload adds for itself (--layers, --dropout, ...), and the validators both
+// use, whose messages say what was expected ("--steps: 'many' is not an integer").
 #pragma once
 
 #include <cmath>
@@ -39,22 +39,24 @@ struct RunFlags {
   int64_t eval_samples = 0;     // held-out samples per evaluation; 0: the workload's default
   bool print_config = false;    // print the resolved configuration as JSON and exit
   // The learning-rate schedule, overriding the preset's where set (NaN, -1: the preset's).
-  double lr = NAN;              // peak (base) learning rate
-  double min_lr = NAN;          // the rate the decay ends at
-  int64_t warmup_steps = -1;    // linear warm-up steps
-  int64_t decay_steps = -1;     // the step the decay ends at (warm-up included)
+  double lr = NAN;            // peak (base) learning rate
+  double min_lr = NAN;        // the rate the decay ends at
+  int64_t warmup_steps = -1;  // linear warm-up steps
+  int64_t decay_steps = -1;   // the step the decay ends at (warm-up included)
 };
 
 // Parses the protocol flags and the workload's own, which `add_own` adds to the parser bound to its
 // variables. Returns nothing when --help was printed to `out`. Throws bench::UsageError, naming the
 // flag, for an unknown flag, a malformed or out-of-range value, an unknown preset or fault
 // (`--inject help` lists the faults in the error).
-std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<std::string>& presets,
+std::optional<RunFlags> parse_flags(const std::string& tool,
+                                    const std::vector<std::string>& presets,
                                     const std::string& default_preset,
                                     const std::function<void(CLI::App&)>& add_own, int argc,
                                     const char* const* argv, std::FILE* out = stdout);
 // The same from a list of arguments without the program name (tests).
-std::optional<RunFlags> parse_flags(const std::string& tool, const std::vector<std::string>& presets,
+std::optional<RunFlags> parse_flags(const std::string& tool,
+                                    const std::vector<std::string>& presets,
                                     const std::string& default_preset,
                                     const std::function<void(CLI::App&)>& add_own,
                                     const std::vector<std::string>& args, std::FILE* out = stdout);

@@ -1,7 +1,8 @@
-// model.h: train::Model, what the trainer drives: one model's buffers, parameters, step regions, data
-// and cost, for one run. A workload builds it (workload.h); the trainer plans the arena around it,
-// adds the optimizer, the step scalars, the RNG and the readback, and runs its regions eagerly, as
-// per-layer graphs or as one graph (trainer.h). Nothing here knows a transformer, a UNet or an LSTM.
+// model.h: train::Model, what the trainer drives: one model's buffers, parameters, step regions,
+// data and cost, for one run. A workload builds it (workload.h); the trainer plans the arena around
+// it, adds the optimizer, the step scalars, the RNG and the readback, and runs its regions eagerly,
+// as per-layer graphs or as one graph (trainer.h). Nothing here knows a transformer, a UNet or an
+// LSTM.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,18 +23,18 @@ namespace replay::train {
 // What the trainer hands the model at initialization (device pointers into the step scalars).
 struct StepIO {
   float* loss = nullptr;              // where the step's loss goes (the loss region writes it)
-  const float* loss_scale = nullptr;  // the dynamic loss scale: the loss gradient is multiplied by it
-                                      // (1.0 without loss scaling)
+  const float* loss_scale = nullptr;  // the dynamic loss scale: the loss gradient is multiplied by
+                                      // it (1.0 without loss scaling)
 };
 
 // A model's evaluation: a metric over held-out batches, accumulated on the device by eval regions
 // and read once at the end of each evaluation.
 struct EvalInfo {
-  std::string metric;            // "loss", "accuracy", "wer": mllog's eval_accuracy value
+  std::string metric;  // "loss", "accuracy", "wer": mllog's eval_accuracy value
   bool higher_is_better = false;
   int64_t samples_per_batch = 1;
-  int64_t default_samples = 0;   // held-out samples per evaluation unless --eval-samples says
-  int64_t available_samples = 0; // the held-out split's size
+  int64_t default_samples = 0;    // held-out samples per evaluation unless --eval-samples says
+  int64_t available_samples = 0;  // the held-out split's size
 };
 
 class Model {
@@ -83,7 +84,7 @@ class Model {
   // ---- Cost and throughput ----
   virtual double flops_per_step() const = 0;  // model FLOPs of one step
   virtual std::string flops_formula() const = 0;
-  virtual double units_per_step() const = 0;    // in the workload's throughput unit (tokens, images)
+  virtual double units_per_step() const = 0;  // in the workload's throughput unit (tokens, images)
   virtual double samples_per_step() const = 0;  // the global batch
   // What the step's collectives are: "none (tp 1)", "not run (1 process)", ...
   virtual std::string collectives() const { return "none"; }

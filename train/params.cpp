@@ -7,10 +7,9 @@
 namespace replay::train {
 
 ParamStore::ParamStore(DType weight_dtype) : weight_dtype_(weight_dtype) {
-  REPLAY_REQUIRE(weight_dtype == DType::kBF16 || weight_dtype == DType::kFP16 ||
-                     weight_dtype == DType::kFP32,
-                 std::string("parameter weights must be bf16, fp16 or fp32, got ") +
-                     dtype_name(weight_dtype));
+  REPLAY_REQUIRE(
+      weight_dtype == DType::kBF16 || weight_dtype == DType::kFP16 || weight_dtype == DType::kFP32,
+      std::string("parameter weights must be bf16, fp16 or fp32, got ") + dtype_name(weight_dtype));
 }
 
 ParamId ParamStore::add(ParamSpec spec) {
@@ -34,8 +33,8 @@ int64_t ParamStore::total_numel() const {
 void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
   REPLAY_REQUIRE(!specs_.empty(), "a model without parameters");
   planned_ = true;
-  weights_id_ = plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_,
-                         "params");
+  weights_id_ =
+      plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_, "params");
   masters_id_ = plan.add("params.master", DType::kFP32, end_, "optimizer");
   m_id_ = plan.add("adam.exp_avg", DType::kFP32, end_, "optimizer");
   v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, end_, "optimizer");

@@ -13,10 +13,12 @@
 namespace replay::train {
 
 // s is the 0-based index of the optimizer step (StepScalars::step - 1).
-//   kWarmupCosine:   s < W: base * (s + 1) / W;  W <= s < T: min + (base - min) * (1 + cos(pi (s - W) / (T - W))) / 2;
+//   kWarmupCosine:   s < W: base * (s + 1) / W;  W <= s < T: min + (base - min) * (1 + cos(pi (s -
+//   W) / (T - W))) / 2;
 //                    s >= T: min
 //   kWarmupConstant: s < W: base * (s + 1) / W;  else base
-//   kRnntWarmupHoldDecay (MLPerf RNN-T reference lr_policy; epochs of steps_per_epoch steps, 1-based epoch
+//   kRnntWarmupHoldDecay (MLPerf RNN-T reference lr_policy; epochs of steps_per_epoch steps,
+//   1-based epoch
 //                    e = s / steps_per_epoch + 1, W and H in epochs):
 //                    s < W * spe: base * (s + 1) / (W * spe + 1);  s < (W + H) * spe: base;
 //                    else base * gamma^(e - W - H); every phase clamped below at min_lr, as there
@@ -70,7 +72,8 @@ REPLAY_HOST_DEVICE float lr_at(const LrSchedule& sc, int64_t s) {
       lr = lr > lo ? lr : lo;
       break;
     }
-    default: lr = base;
+    default:
+      lr = base;
   }
   return static_cast<float>(lr);
 }

@@ -91,8 +91,8 @@ void compute_lr(const LrSchedule& schedule, const int64_t* step, float* lr, cuda
 void clip_grad_norm(const GradNormTable& table, float max_norm, StepScalars* s, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream) {
   REPLAY_REQUIRE(s != nullptr, "clip_grad_norm needs the step scalars");
-  grad_norm(table, max_norm, &s->loss_scale, &s->grad_norm, &s->grad_scale, &s->found_inf, workspace,
-            workspace_bytes, stream);
+  grad_norm(table, max_norm, &s->loss_scale, &s->grad_norm, &s->grad_scale, &s->found_inf,
+            workspace, workspace_bytes, stream);
 }
 
 void validate(const LossScalerConfig& c) {

@@ -1,18 +1,19 @@
 // step_scalars.h: the scalars of a training step, in device memory, and the training policies that
-// keep the host out of the step: the optimizer's step counter and learning rate (schedule.h), dynamic
-// loss scaling with hysteresis decided from the found-inf flag, the no-op flag that makes the
-// optimizer return early on overflow, and grad-norm clipping. Every call is a capturable launch that
-// reads and writes StepScalars on the device.
+// keep the host out of the step: the optimizer's step counter and learning rate (schedule.h),
+// dynamic loss scaling with hysteresis decided from the found-inf flag, the no-op flag that makes
+// the optimizer return early on overflow, and grad-norm clipping. Every call is a capturable launch
+// that reads and writes StepScalars on the device.
 //
 // A training step on the device, in order:
 //   begin_step(s)                          found_inf = 0, noop = 0
 //   ... forward and backward (the loss gradient scaled by s->loss_scale) ...
-//   check_found_inf(table, &s->found_inf)  fp16/bf16/fp32 tensors (with loss scaling; optim/found_inf.h)
-//   clip_grad_norm(norms, max_norm, s)     grad_norm, grad_scale (clip / loss_scale), found_inf on NaN/Inf
-//   prepare_optimizer(schedule, s)         noop = found_inf or hold; unless noop: step += 1, lr = schedule(step - 1)
-//   adamw_step(..., &s->lr, &s->step, &s->grad_scale, &s->noop)
-//   readback.copy(stream)                  this step's scalars into the pinned ring (graphs/readback.h)
-//   end_step(s, scaler)                    loss-scale update from found_inf; iteration += 1
+//   check_found_inf(table, &s->found_inf)  fp16/bf16/fp32 tensors (with loss scaling;
+//   optim/found_inf.h) clip_grad_norm(norms, max_norm, s)     grad_norm, grad_scale (clip /
+//   loss_scale), found_inf on NaN/Inf prepare_optimizer(schedule, s)         noop = found_inf or
+//   hold; unless noop: step += 1, lr = schedule(step - 1) adamw_step(..., &s->lr, &s->step,
+//   &s->grad_scale, &s->noop) readback.copy(stream)                  this step's scalars into the
+//   pinned ring (graphs/readback.h) end_step(s, scaler)                    loss-scale update from
+//   found_inf; iteration += 1
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,26 +33,27 @@ namespace replay::train {
 // One arena buffer; kernels take pointers to fields. Register the whole struct as StepPlan state so
 // warm-up leaves it untouched.
 struct StepScalars {
-  int64_t step;             // optimizer steps taken, this one included once prepare_optimizer ran (t >= 1)
-  int64_t iteration;        // steps executed, skipped ones included (0 during the first step)
-  float lr;                 // learning rate of this step
-  float loss;               // loss of this step (written by the loss kernel)
-  float loss_scale;         // dynamic loss scale (1 without loss scaling)
-  float grad_norm;          // global L2 norm of the unscaled gradients
-  float grad_scale;         // multiplier the optimizer applies to gradients: clip coefficient / loss_scale
+  int64_t step;  // optimizer steps taken, this one included once prepare_optimizer ran (t >= 1)
+  int64_t iteration;  // steps executed, skipped ones included (0 during the first step)
+  float lr;           // learning rate of this step
+  float loss;         // loss of this step (written by the loss kernel)
+  float loss_scale;   // dynamic loss scale (1 without loss scaling)
+  float grad_norm;    // global L2 norm of the unscaled gradients
+  float grad_scale;  // multiplier the optimizer applies to gradients: clip coefficient / loss_scale
   int32_t found_inf;        // 1 when a gradient (or the grad norm) is Inf or NaN this step
   int32_t noop;             // 1: optimizer kernels return at once (set from found_inf)
   int32_t growth_tracker;   // loss scaler: consecutive finite steps since the scale last changed
   int32_t hysteresis_left;  // loss scaler: overflows still tolerated before the scale backs off
-  int32_t hold;             // 1 during StepPlan's neutral warm-up: the optimizer applies nothing, so
-                            // parameters and optimizer state need no saving (StepPlan::set_warmup_hold)
+  int32_t hold;  // 1 during StepPlan's neutral warm-up: the optimizer applies nothing, so
+                 // parameters and optimizer state need no saving (StepPlan::set_warmup_hold)
 };
 
 // Reserves a StepScalars in an arena plan (lifetime: the whole run).
 BufferId plan_step_scalars(ArenaPlan& plan, const std::string& name = "train.step_scalars");
 // The struct viewed as bytes, for StepPlan::add_state and RegionArgs.
 TensorView step_scalars_view(StepScalars* s);
-// Sets every field: step 0, iteration 0, lr 0, loss 0, the scaler's initial scale and hysteresis, flags 0.
+// Sets every field: step 0, iteration 0, lr 0, loss 0, the scaler's initial scale and hysteresis,
+// flags 0.
 void init_step_scalars(StepScalars* s, float loss_scale, int32_t hysteresis, cudaStream_t stream);
 
 // ---- Dynamic loss scaling ----
@@ -89,7 +91,8 @@ REPLAY_HOST_DEVICE void loss_scaler_update(StepScalars& s, const LossScalerConfi
       s.growth_tracker = 0;
       s.hysteresis_left = c.hysteresis;
       const float grown = s.loss_scale * c.growth_factor;
-      if (grown <= c.max_scale && grown <= 3.40282347e38f) s.loss_scale = grown;  // finite, within max
+      if (grown <= c.max_scale && grown <= 3.40282347e38f)
+        s.loss_scale = grown;  // finite, within max
     }
   }
 }

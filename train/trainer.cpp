@@ -116,8 +116,8 @@ void Trainer::build_step_plan() {
   opt.args = [this] { return optimizer_args(); };
   step_plan_->add_region(wrap(std::move(opt), false));
 
-  // What carries from one step to the next: parameters, master weights and Adam's moments, which the
-  // warm-up hold keeps the optimizer from touching, and the step scalars, saved and restored.
+  // What carries from one step to the next: parameters, master weights and Adam's moments, which
+  // the warm-up hold keeps the optimizer from touching, and the step scalars, saved and restored.
   // Gradients and activations are rewritten every step.
   step_plan_->set_warmup_hold(&scalars_->hold);
   step_plan_->add_state("step_scalars", step_scalars_view(scalars_));
@@ -128,7 +128,8 @@ void Trainer::build_step_plan() {
 
 void Trainer::build_eval_plan() {
   graphs::StepPlanOptions o(options_.mode);
-  o.warmup_steps = options_.warmup > 0 ? 1 : 0;  // the eval regions' libraries warm up outside capture
+  o.warmup_steps =
+      options_.warmup > 0 ? 1 : 0;  // the eval regions' libraries warm up outside capture
   eval_plan_ = std::make_unique<graphs::StepPlan>("eval", o);
   for (graphs::Region& r : model_.eval_regions()) eval_plan_->add_region(wrap(std::move(r), false));
 }

@@ -3,17 +3,18 @@
 // forward and backward (`layer`), or as one graph for the whole step (`full`). The optimizer is
 // sync-free: grad-norm clipping, the device learning-rate schedule, dynamic loss scaling (fp16) and
 // AdamW read their scalars on the device (step_scalars.h), and the host reads the loss steps late
-// from the readback ring. Evaluation runs the model's eval regions as a second plan in the same mode.
+// from the readback ring. Evaluation runs the model's eval regions as a second plan in the same
+// mode.
 //
 // Bit-identical modes. Every mode launches the same kernels with the same arguments in the same
-// order on one stream: the model keeps its own launches deterministic (fixed GEMM algorithms, fixed-
-// order reductions, Philox dropout from device slots), and the neutral warm-up (the step scalars
-// registered as StepPlan state, the optimizer held, RNG slots restored) runs in every mode, so step
-// 0 starts from the same bytes everywhere.
+// order on one stream: the model keeps its own launches deterministic (fixed GEMM algorithms,
+// fixed- order reductions, Philox dropout from device slots), and the neutral warm-up (the step
+// scalars registered as StepPlan state, the optimizer held, RNG slots restored) runs in every mode,
+// so step 0 starts from the same bytes everywhere.
 //
 // Every region runs inside an NVTX range named after it, and an error it raises names it (a capture
-// its call refuses says which region, in full mode too). --inject plants its fault at the end of the
-// first forward-layer region (the first region when the model has none).
+// its call refuses says which region, in full mode too). --inject plants its fault at the end of
+// the first forward-layer region (the first region when the model has none).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -81,8 +82,8 @@ class Trainer {
   // Step `s`'s loss, learning rate, grad norm and loss scale from the readback ring: waits for step
   // s only.
   bench::StepSample read(int64_t s) const;
-  // One evaluation over `samples` held-out samples (rounded up to whole batches): the model's metric.
-  // Synchronizes: an evaluation is its own phase, never inside a timed step.
+  // One evaluation over `samples` held-out samples (rounded up to whole batches): the model's
+  // metric. Synchronizes: an evaluation is its own phase, never inside a timed step.
   double evaluate(int64_t samples);
 
   Model& model() { return model_; }

@@ -1,8 +1,8 @@
-// workload.h: train::Workload, the small interface one benchmark implements (as nccl-tests' callback
-// table): its presets, its own flags, its resolved configuration, its data, its model, its training
-// configuration and its MLPerf configuration events. The driver (driver.h) does the rest the same way
-// for every workload: flags, data check, device, arena, plan, warm-up and capture, timed steps,
-// evaluation, JSON summary and mllog.
+// workload.h: train::Workload, the small interface one benchmark implements (as nccl-tests'
+// callback table): its presets, its own flags, its resolved configuration, its data, its model, its
+// training configuration and its MLPerf configuration events. The driver (driver.h) does the rest
+// the same way for every workload: flags, data check, device, arena, plan, warm-up and capture,
+// timed steps, evaluation, JSON summary and mllog.
 //
 // The order the driver calls it in:
 //   add_flags(app)              before parsing (its own flags, bound to its members)
@@ -51,8 +51,8 @@ struct Preset {
 struct TrainingConfig {
   AdamWHyper adam;
   LrSchedule schedule;
-  float clip_norm = 1.0f;                         // <= 0: no clipping
-  std::optional<LossScalerConfig> loss_scaling;   // none: a constant scale of 1 (bf16, fp32)
+  float clip_norm = 1.0f;                        // <= 0: no clipping
+  std::optional<LossScalerConfig> loss_scaling;  // none: a constant scale of 1 (bf16, fp32)
 };
 
 // Who the workload is: names in output, JSON and mllog.

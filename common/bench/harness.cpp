@@ -291,9 +291,10 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
   } else {
     ordered_json results = ordered_json::array();
     for (const EvalResult& e : r.evals)
-      results.push_back({{"step", e.step},
-                         {"samples", e.samples},
-                         {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)}});
+      results.push_back(
+          {{"step", e.step},
+           {"samples", e.samples},
+           {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)}});
     j["evaluation"] = {{"metric", r.eval_metric}, {"results", results}};
   }
   return j;

@@ -1,8 +1,8 @@
-// harness.h: the benchmark protocol every workload binary shares: main()'s error handling, the timed
-// step loop (events on the work stream read late, host enqueue time per step, progress lines fed by
-// a late readback, evaluations between steps kept out of the step times), the final table, the JSON
-// summary of reports/SCHEMA.md "Workload runs", and hashes of losses and weights. The flags and the
-// run itself are train/'s (train/driver.h).
+// harness.h: the benchmark protocol every workload binary shares: main()'s error handling, the
+// timed step loop (events on the work stream read late, host enqueue time per step, progress lines
+// fed by a late readback, evaluations between steps kept out of the step times), the final table,
+// the JSON summary of reports/SCHEMA.md "Workload runs", and hashes of losses and weights. The
+// flags and the run itself are train/'s (train/driver.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -55,12 +55,12 @@ struct StepSample {
 struct LoopConfig {
   int64_t steps = 0;
   int log_interval = 10;
-  int readback_lag = 2;       // after enqueuing step s the host reads step s - lag
-  int64_t untimed_steps = 0;  // leading steps left out of the statistics (a verified step)
-  double units_per_step = 0;  // in the throughput unit (tokens, images, ...)
+  int readback_lag = 2;            // after enqueuing step s the host reads step s - lag
+  int64_t untimed_steps = 0;       // leading steps left out of the statistics (a verified step)
+  double units_per_step = 0;       // in the throughput unit (tokens, images, ...)
   std::string unit_short = "tok";  // in progress lines: "tok/s"
-  double flops_per_step = 0;  // model FLOPs of one step
-  double peak_tflops = 0;     // measured bf16 GEMM peak; 0: MFU not reported
+  double flops_per_step = 0;       // model FLOPs of one step
+  double peak_tflops = 0;          // measured bf16 GEMM peak; 0: MFU not reported
 };
 
 struct LoopCallbacks {
@@ -141,7 +141,7 @@ struct WorkloadReport {
   std::vector<float> losses;
   std::optional<std::string> weights_hash;
   std::optional<double> loss_floor;
-  std::string eval_metric;           // empty: the run did not evaluate
+  std::string eval_metric;  // empty: the run did not evaluate
   std::vector<EvalResult> evals;
 
   double units_per_s() const;

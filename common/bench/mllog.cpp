@@ -27,7 +27,8 @@ std::string_view relative_to_root(std::string_view file) {
 }
 
 // One JSON scalar; nlohmann writes doubles in the shortest form that reads back exactly, and a
-// non-finite double as null. Invalid UTF-8 in a string (an odd error message) is replaced, not thrown.
+// non-finite double as null. Invalid UTF-8 in a string (an odd error message) is replaced, not
+// thrown.
 std::string encode(const MlValue& value) {
   const nlohmann::json j = std::visit(
       [](const auto& v) -> nlohmann::json {
@@ -40,7 +41,9 @@ std::string encode(const MlValue& value) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string quote(std::string_view s) { return encode(MlValue(s)); }
+std::string quote(std::string_view s) {
+  return encode(MlValue(s));
+}
 
 // Python's json.dumps separators (", " and ": "), as the reference logger writes them.
 void append_fields(std::string& out, const MlFields& fields) {
@@ -107,8 +110,8 @@ void MlLogger::end(std::string_view key, const MlFields& metadata, MlSite site) 
 
 void MlLogger::tracked_stats(int64_t step, const MlFields& stats, MlSite site) {
   if (enabled_)
-    write(mlkey::kPointInTime, mlkey::kTrackedStats, encode_object(stats),
-          {{mlkey::kStep, step}}, site);
+    write(mlkey::kPointInTime, mlkey::kTrackedStats, encode_object(stats), {{mlkey::kStep, step}},
+          site);
 }
 
 void MlLogger::abort(std::string_view reason, MlSite site) {

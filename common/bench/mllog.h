@@ -69,15 +69,15 @@ struct MlSite {
 };
 
 struct MlLogOptions {
-  std::string path;                 // file written (truncated first); empty: no file
-  bool echo = false;                // also print every line on stdout
-  int rank = 0;                     // only rank 0 logs: pass the MPI rank
-  std::function<int64_t()> clock;   // ms since the epoch; empty: the system clock (tests fix it)
+  std::string path;                // file written (truncated first); empty: no file
+  bool echo = false;               // also print every line on stdout
+  int rank = 0;                    // only rank 0 logs: pass the MPI rank
+  std::function<int64_t()> clock;  // ms since the epoch; empty: the system clock (tests fix it)
 };
 
 // Writes MLPerf log lines. Each line is flushed as it is written, so a run that dies leaves a valid
-// prefix. Calls are thread-safe. A logger destroyed after it wrote lines but before run_stop appends
-// run_stop with status "aborted" (the safety net for error paths; call abort() to say why).
+// prefix. Calls are thread-safe. A logger destroyed after it wrote lines but before run_stop
+// appends run_stop with status "aborted" (the safety net for error paths; call abort() to say why).
 class MlLogger {
  public:
   explicit MlLogger(MlLogOptions options);  // throws replay::Error if the file cannot be opened
@@ -181,9 +181,9 @@ inline constexpr char kOptWeightDecay[] = "opt_weight_decay";
 inline constexpr char kOptGradientClipNorm[] = "opt_gradient_clip_norm";
 
 // replay's shard description (required by scripts/mlperf/shard_common.yaml).
-inline constexpr char kReplayGraphMode[] = "replay_graph_mode";    // none | layer | full
-inline constexpr char kReplayNumLayers[] = "replay_num_layers";    // layers this shard runs
-inline constexpr char kReplayWorldSize[] = "replay_world_size";    // processes actually run
+inline constexpr char kReplayGraphMode[] = "replay_graph_mode";  // none | layer | full
+inline constexpr char kReplayNumLayers[] = "replay_num_layers";  // layers this shard runs
+inline constexpr char kReplayWorldSize[] = "replay_world_size";  // processes actually run
 
 // Metadata names and values.
 inline constexpr char kStatus[] = "status";

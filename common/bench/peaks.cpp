@@ -40,16 +40,21 @@ Peaks measure_peaks(const Context& ctx, const Arena& arena, const PeakBuffers& b
   args.d = arena.data(buf.d);
   args.workspace = arena.data(buf.workspace);
   args.workspace_bytes = arena.bytes(buf.workspace);
-  const Stats g = summarize(time_repeats(s, warmup, repeats, [&](cudaStream_t st) { plan.run(st, args); }, lead_ms));
+  const Stats g = summarize(time_repeats(
+      s, warmup, repeats, [&](cudaStream_t st) { plan.run(st, args); }, lead_ms));
   p.bf16_gemm_tflops = 2.0 * double(n) * n * n / (g.median * 1e-3) / 1e12;
 
   if (buf.copy_src >= 0) {
     const size_t bytes = arena.bytes(buf.copy_src);
-    init_normal(TensorView(arena.data(buf.copy_src), DType::kFP32, {int64_t(bytes / 4)}), 1, 2, 0, 1, s);
-    const Stats c = summarize(time_repeats(s, warmup, repeats, [&](cudaStream_t st) {
-      REPLAY_CUDA_CHECK(cudaMemcpyAsync(arena.data(buf.copy_dst), arena.data(buf.copy_src), bytes,
-                                        cudaMemcpyDeviceToDevice, st));
-    }, lead_ms));
+    init_normal(TensorView(arena.data(buf.copy_src), DType::kFP32, {int64_t(bytes / 4)}), 1, 2, 0,
+                1, s);
+    const Stats c = summarize(time_repeats(
+        s, warmup, repeats,
+        [&](cudaStream_t st) {
+          REPLAY_CUDA_CHECK(cudaMemcpyAsync(arena.data(buf.copy_dst), arena.data(buf.copy_src),
+                                            bytes, cudaMemcpyDeviceToDevice, st));
+        },
+        lead_ms));
     p.copy_gbps = 2.0 * double(bytes) / (c.median * 1e-3) / 1e9;
   }
   return p;

@@ -15,15 +15,23 @@ namespace {
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 
-// Each thread produces the four values of one Philox block, so the result does not depend on the grid.
+// Each thread produces the four values of one Philox block, so the result does not depend on the
+// grid.
 template <typename T, bool kNormal>
-__global__ void init_random_kernel(T* x, int64_t n, uint64_t seed, uint64_t stream_id, float a, float b) {
+__global__ void init_random_kernel(T* x, int64_t n, uint64_t seed, uint64_t stream_id, float a,
+                                   float b) {
   const int64_t blocks = (n + 3) / 4;
   for (int64_t blk = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; blk < blocks;
        blk += int64_t(gridDim.x) * blockDim.x) {
@@ -42,7 +50,8 @@ __global__ void init_random_kernel(T* x, int64_t n, uint64_t seed, uint64_t stre
       }
     } else {  // a = lo, b = hi
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v[j] = a + (b - a) * (static_cast<float>(bits[j] >> 8) * 5.9604645e-8f);  // [0,1): 24 bits
+      for (int j = 0; j < 4; ++j)
+        v[j] = a + (b - a) * (static_cast<float>(bits[j] >> 8) * 5.9604645e-8f);  // [0,1): 24 bits
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -72,13 +81,16 @@ void launch_random(const TensorView& x, uint64_t seed, uint64_t stream_id, float
   const int grid = grid_for((n + 3) / 4);
   switch (x.dtype) {
     case DType::kFP32:
-      init_random_kernel<float, kNormal><<<grid, 256, 0, stream>>>(static_cast<float*>(x.data), n, seed, stream_id, a, b);
+      init_random_kernel<float, kNormal>
+          <<<grid, 256, 0, stream>>>(static_cast<float*>(x.data), n, seed, stream_id, a, b);
       break;
     case DType::kBF16:
-      init_random_kernel<__nv_bfloat16, kNormal><<<grid, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x.data), n, seed, stream_id, a, b);
+      init_random_kernel<__nv_bfloat16, kNormal>
+          <<<grid, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(x.data), n, seed, stream_id, a, b);
       break;
     case DType::kFP16:
-      init_random_kernel<__half, kNormal><<<grid, 256, 0, stream>>>(static_cast<__half*>(x.data), n, seed, stream_id, a, b);
+      init_random_kernel<__half, kNormal>
+          <<<grid, 256, 0, stream>>>(static_cast<__half*>(x.data), n, seed, stream_id, a, b);
       break;
     default:
       REPLAY_REQUIRE(false, std::string("init does not support ") + dtype_name(x.dtype));

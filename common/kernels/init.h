@@ -1,5 +1,5 @@
-// init.h: device-side tensor initialisation from Philox (normal, uniform, constant) for parameters and
-// benchmark inputs. Deterministic for a given seed, whatever the launch configuration.
+// init.h: device-side tensor initialisation from Philox (normal, uniform, constant) for parameters
+// and benchmark inputs. Deterministic for a given seed, whatever the launch configuration.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,8 +10,8 @@
 
 namespace replay {
 
-// x[i] = mean + stddev * N(0,1), the normal drawn by Box-Muller from philox_block(seed, stream_id, i/4).
-// Supports bf16, fp16 and fp32 tensors.
+// x[i] = mean + stddev * N(0,1), the normal drawn by Box-Muller from philox_block(seed, stream_id,
+// i/4). Supports bf16, fp16 and fp32 tensors.
 void init_normal(const TensorView& x, uint64_t seed, uint64_t stream_id, float mean, float stddev,
                  cudaStream_t stream);
 // x[i] uniform in [lo, hi).

@@ -42,7 +42,8 @@ __device__ __forceinline__ void store_model4(const AdamWTensor& t, int64_t i, co
   } else if (t.model_dtype == static_cast<int32_t>(DType::kFP16)) {
     alignas(8) __half w[4];
     for (int k = 0; k < 4; ++k) w[k] = __float2half_rn(p.v[k]);
-    *reinterpret_cast<uint2*>(static_cast<__half*>(t.model) + i) = *reinterpret_cast<const uint2*>(w);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(t.model) + i) =
+        *reinterpret_cast<const uint2*>(w);
   } else {
     p.store(static_cast<float*>(t.model) + i);
   }
@@ -112,10 +113,9 @@ void AdamWTableBuilder::add(float* master, const TensorView& model, const float*
   REPLAY_REQUIRE(
       master != nullptr && grad != nullptr && exp_avg != nullptr && exp_avg_sq != nullptr,
       "AdamW tensor with a null fp32 pointer");
-  REPLAY_REQUIRE(model.dtype == DType::kBF16 || model.dtype == DType::kFP16 ||
-                     model.dtype == DType::kFP32,
-                 std::string("AdamW's model copy must be bf16, fp16 or fp32, got ") +
-                     dtype_name(model.dtype));
+  REPLAY_REQUIRE(
+      model.dtype == DType::kBF16 || model.dtype == DType::kFP16 || model.dtype == DType::kFP32,
+      std::string("AdamW's model copy must be bf16, fp16 or fp32, got ") + dtype_name(model.dtype));
   REPLAY_REQUIRE(aligned(master, 16) && aligned(grad, 16) && aligned(exp_avg, 16) &&
                      aligned(exp_avg_sq, 16) && aligned(model.data, 4 * dtype_size(model.dtype)),
                  "AdamW tensors must be 16-byte aligned (the model copy to four of its elements)");

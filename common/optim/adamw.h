@@ -17,11 +17,11 @@ namespace replay {
 // One parameter tensor. fp32 pointers 16-byte aligned, the model copy aligned to four of its
 // elements (Arena buffers are).
 struct AdamWTensor {
-  float* master;         // fp32 master weights, updated in place
-  void* model;           // the copy of the updated weights the model computes with; may be null
-  const float* grad;     // fp32 gradient
-  float* exp_avg;        // first moment
-  float* exp_avg_sq;     // second moment
+  float* master;      // fp32 master weights, updated in place
+  void* model;        // the copy of the updated weights the model computes with; may be null
+  const float* grad;  // fp32 gradient
+  float* exp_avg;     // first moment
+  float* exp_avg_sq;  // second moment
   int64_t numel;
   int32_t weight_decay;  // 1: apply weight decay (matrices), 0: not (biases, norms)
   int32_t model_dtype;   // DType of `model`: kBF16, kFP16 or kFP32

@@ -9,9 +9,14 @@ namespace {
 
 constexpr int kFoundInfThreads = 256;
 
-// All-ones exponent: Inf or NaN. Masks for one element, and for two 16-bit elements in a 32-bit word.
-__device__ __forceinline__ bool nonfinite32(uint32_t w) { return (w & 0x7f800000u) == 0x7f800000u; }
-__device__ __forceinline__ bool nonfinite16(uint32_t h, uint32_t exp_mask) { return (h & exp_mask) == exp_mask; }
+// All-ones exponent: Inf or NaN. Masks for one element, and for two 16-bit elements in a 32-bit
+// word.
+__device__ __forceinline__ bool nonfinite32(uint32_t w) {
+  return (w & 0x7f800000u) == 0x7f800000u;
+}
+__device__ __forceinline__ bool nonfinite16(uint32_t h, uint32_t exp_mask) {
+  return (h & exp_mask) == exp_mask;
+}
 __device__ __forceinline__ bool nonfinite_word(uint32_t w, bool fp32, uint32_t exp_mask16) {
   if (fp32) return nonfinite32(w);
   return nonfinite16(w & 0xffffu, exp_mask16) || nonfinite16(w >> 16, exp_mask16);
@@ -29,7 +34,8 @@ __global__ void __launch_bounds__(kFoundInfThreads)
   const int64_t bytes = static_cast<int64_t>(chunk.length) * esize;
   const int64_t vec_bytes = reinterpret_cast<uintptr_t>(base) % 16 == 0 ? bytes / 16 * 16 : 0;
   bool bad = false;
-  for (int64_t off = 16 * static_cast<int64_t>(threadIdx.x); off < vec_bytes; off += 16 * kFoundInfThreads) {
+  for (int64_t off = 16 * static_cast<int64_t>(threadIdx.x); off < vec_bytes;
+       off += 16 * kFoundInfThreads) {
     const uint4 v = __ldcs(reinterpret_cast<const uint4*>(base + off));
     bad |= nonfinite_word(v.x, fp32, exp_mask16) | nonfinite_word(v.y, fp32, exp_mask16) |
            nonfinite_word(v.z, fp32, exp_mask16) | nonfinite_word(v.w, fp32, exp_mask16);
@@ -45,8 +51,9 @@ __global__ void __launch_bounds__(kFoundInfThreads)
 }  // namespace
 
 void FoundInfTableBuilder::add(const TensorView& tensor) {
-  REPLAY_REQUIRE(tensor.dtype == DType::kBF16 || tensor.dtype == DType::kFP16 || tensor.dtype == DType::kFP32,
-                 std::string("found-inf checks bf16, fp16 or fp32 tensors, got ") + dtype_name(tensor.dtype));
+  REPLAY_REQUIRE(
+      tensor.dtype == DType::kBF16 || tensor.dtype == DType::kFP16 || tensor.dtype == DType::kFP32,
+      std::string("found-inf checks bf16, fp16 or fp32 tensors, got ") + dtype_name(tensor.dtype));
   REPLAY_REQUIRE(tensor.is_contiguous(), "found-inf tensors must be contiguous");
   REPLAY_REQUIRE(tensor.data != nullptr &&
                      reinterpret_cast<uintptr_t>(tensor.data) % dtype_size(tensor.dtype) == 0,
@@ -57,7 +64,8 @@ void FoundInfTableBuilder::add(const TensorView& tensor) {
 void check_found_inf(const FoundInfTable& table, int32_t* found_inf, cudaStream_t stream) {
   REPLAY_REQUIRE(table.tensors != nullptr && table.num_chunks > 0, "found-inf table not built");
   REPLAY_REQUIRE(found_inf != nullptr, "found-inf flag must be given");
-  found_inf_kernel<<<static_cast<unsigned>(table.num_chunks), kFoundInfThreads, 0, stream>>>(table, found_inf);
+  found_inf_kernel<<<static_cast<unsigned>(table.num_chunks), kFoundInfThreads, 0, stream>>>(
+      table, found_inf);
   REPLAY_LAUNCH_CHECK();
 }
 

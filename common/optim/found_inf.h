@@ -33,8 +33,8 @@ class FoundInfTableBuilder {
   MultiTensorBuilder<FoundInfTensor> builder_;
 };
 
-// Sets *found_inf = 1 when any element of any tensor is Inf or NaN; leaves it unchanged otherwise (so
-// several checks can share the flag; begin_step clears it). One launch for the whole table.
+// Sets *found_inf = 1 when any element of any tensor is Inf or NaN; leaves it unchanged otherwise
+// (so several checks can share the flag; begin_step clears it). One launch for the whole table.
 void check_found_inf(const FoundInfTable& table, int32_t* found_inf, cudaStream_t stream);
 
 }  // namespace replay

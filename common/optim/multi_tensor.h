@@ -63,11 +63,13 @@ class MultiTensorBuilder {
 
   // The same, for tensors of these sizes: what an arena plan needs before any pointer exists.
   static size_t device_bytes_for(const std::vector<int64_t>& numels) {
-    return (numels.size() * sizeof(Entry) + 15) / 16 * 16 + chunk_count(numels) * sizeof(TensorChunk);
+    return (numels.size() * sizeof(Entry) + 15) / 16 * 16 +
+           chunk_count(numels) * sizeof(TensorChunk);
   }
   static size_t chunk_count(const std::vector<int64_t>& numels) {
     size_t chunks = 0;
-    for (int64_t n : numels) chunks += static_cast<size_t>((n + kTensorChunkElements - 1) / kTensorChunkElements);
+    for (int64_t n : numels)
+      chunks += static_cast<size_t>((n + kTensorChunkElements - 1) / kTensorChunkElements);
     return chunks;
   }
 

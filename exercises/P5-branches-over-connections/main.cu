@@ -1,5 +1,6 @@
-// P5: a graph wider than the device runs in parallel. The guide: "more parallel branches than hardware
-// connections (32 by default; CUDA_DEVICE_MAX_CONNECTIONS): branches serialize inside the graph".
+// P5: a graph wider than the device runs in parallel. The guide: "more parallel branches than
+// hardware connections (32 by default; CUDA_DEVICE_MAX_CONNECTIONS): branches serialize inside the
+// graph".
 //
 // Broken: 64 independent single-block ~0.2 ms kernels as 64 parallel branches of one graph, with
 // CUDA_DEVICE_MAX_CONNECTIONS at its maximum (32). All 64 blocks fit on the GPU at once, so fully
@@ -57,10 +58,11 @@ int main(int argc, char** argv) {
   const float graph_ratio = graph_ms / one_ms, eager_ratio = eager_ms / one_ms;
   // Fully parallel: about 1x one branch. Broken must show the serialization, fixed must not.
   const bool ok = args.broken() ? graph_ratio > 1.8f : graph_ratio < 1.5f;
-  return ex::report("P5", args, ok,
-                    "%d single-block kernels as %d parallel branches of %d-block kernels, "
-                    "CUDA_DEVICE_MAX_CONNECTIONS=32: one kernel %.0f us; graph %.0f us (%.1fx); eager "
-                    "streams %.0f us (%.1fx)",
-                    kWork, branches, blocks, one_ms * 1e3f, graph_ms * 1e3f, graph_ratio,
-                    eager_ms * 1e3f, eager_ratio);
+  return ex::report(
+      "P5", args, ok,
+      "%d single-block kernels as %d parallel branches of %d-block kernels, "
+      "CUDA_DEVICE_MAX_CONNECTIONS=32: one kernel %.0f us; graph %.0f us (%.1fx); eager "
+      "streams %.0f us (%.1fx)",
+      kWork, branches, blocks, one_ms * 1e3f, graph_ms * 1e3f, graph_ratio, eager_ms * 1e3f,
+      eager_ratio);
 }

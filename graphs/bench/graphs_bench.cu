@@ -1,14 +1,16 @@
-// replay-graphs-bench: what CUDA graphs buy on launch-bound work. Two workloads, a chain of many short
-// dependent kernels and a layer-like mix of short kernels of varied sizes, each run eagerly, as one graph
-// and as many small graphs. Every kernel is instrumented (thread 0 of each block stamps the block's start
-// and length, the same in every run), so the sum of the kernels' own durations comes from inside the very
-// runs being compared rather than from per-kernel events, which add their own gaps. Reports the eager
-// per-kernel launch cost, the graph launch cost, the sum of the kernels' durations, graph replay time and
-// the gap between the two (per kernel, and between kernels inside the replay), and a sweep over a simulated
-// slower host (a busy-wait before every launch call) that shows where graphs start to pay.
+// replay-graphs-bench: what CUDA graphs buy on launch-bound work. Two workloads, a chain of many
+// short dependent kernels and a layer-like mix of short kernels of varied sizes, each run eagerly,
+// as one graph and as many small graphs. Every kernel is instrumented (thread 0 of each block
+// stamps the block's start and length, the same in every run), so the sum of the kernels' own
+// durations comes from inside the very runs being compared rather than from per-kernel events,
+// which add their own gaps. Reports the eager per-kernel launch cost, the graph launch cost, the
+// sum of the kernels' durations, graph replay time and the gap between the two (per kernel, and
+// between kernels inside the replay), and a sweep over a simulated slower host (a busy-wait before
+// every launch call) that shows where graphs start to pay.
 //
 //   replay-graphs-bench [--kernels 1000] [--kernel-us 40] [--small-graph-size 10] [--repeats 20]
-//                       [--host-delay-us 0,1,2,5,10,20,30,40,50,100] [--timer auto|globaltimer|sm_clock]
+//                       [--host-delay-us 0,1,2,5,10,20,30,40,50,100] [--timer
+//                       auto|globaltimer|sm_clock]
 //                       [--json FILE] [--device 0]
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
@@ -48,7 +50,10 @@ using Launch = std::function<void(cudaStream_t)>;
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : : "memory");  // no memory access moves across it
+  asm volatile("mov.u64 %0, %%globaltimer;"
+               : "=l"(t)
+               :
+               : "memory");  // no memory access moves across it
   return t;
 }
 
@@ -70,18 +75,21 @@ __device__ __forceinline__ void block_end(BlockStamp* stamps, BlockStart s) {
   if (threadIdx.x == 0) {
     const uint32_t cycles = static_cast<uint32_t>(clock64() - s.cycles);
     const uint32_t ns = static_cast<uint32_t>(globaltimer_ns() - s.ns);
-    // BlockStamp as one 16-byte store: {start_ns} then {length_ns in the low half, length_cycles high}.
+    // BlockStamp as one 16-byte store: {start_ns} then {length_ns in the low half, length_cycles
+    // high}.
     *reinterpret_cast<ulonglong2*>(stamps + blockIdx.x) =
         make_ulonglong2(s.ns, static_cast<uint64_t>(ns) | (static_cast<uint64_t>(cycles) << 32));
   }
 }
 
-// One thread reads %globaltimer `n` times in a row (its resolution and cost, see probe_globaltimer).
+// One thread reads %globaltimer `n` times in a row (its resolution and cost, see
+// probe_globaltimer).
 __global__ void globaltimer_probe_kernel(uint64_t* reads, int n) {
   for (int i = 0; i < n; ++i) reads[i] = globaltimer_ns();
 }
 
-// One thread spins for `ns` of %globaltimer time; out = {globaltimer ns elapsed, clock64 cycles elapsed}.
+// One thread spins for `ns` of %globaltimer time; out = {globaltimer ns elapsed, clock64 cycles
+// elapsed}.
 __global__ void sm_clock_kernel(uint64_t* out, uint64_t ns) {
   const uint64_t t0 = globaltimer_ns();
   const long long c0 = clock64();
@@ -127,7 +135,8 @@ __global__ void row_mean_kernel(float* out, const float* x, int cols, BlockStamp
   block_end(stamps, s);
 }
 
-// ---- Buffers (a benchmark, not a workload: plain device allocations made before anything is timed) ----
+// ---- Buffers (a benchmark, not a workload: plain device allocations made before anything is
+// timed) ----
 
 template <typename T>
 class DeviceArray {
@@ -186,8 +195,8 @@ graphs_bench::GlobaltimerProbe probe_globaltimer(cudaStream_t stream) {
     globaltimer_probe_kernel<<<1, 1, 0, stream>>>(reads.get(), kReads);
     REPLAY_LAUNCH_CHECK();
   }
-  REPLAY_CUDA_CHECK(cudaMemcpyAsync(host.data(), reads.get(), kReads * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                                    stream));
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(host.data(), reads.get(), kReads * sizeof(uint64_t),
+                                    cudaMemcpyDeviceToHost, stream));
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
   return graphs_bench::probe_globaltimer(host);
 }
@@ -216,22 +225,25 @@ class StampedKernels {
     size_t at = 0;
     for (const Kernel& k : kernels) {
       blocks_.push_back(k.blocks);
-      launches_.push_back([launch = k.launch, slots = stamps_.get() + at](cudaStream_t s) { launch(s, slots); });
+      launches_.push_back(
+          [launch = k.launch, slots = stamps_.get() + at](cudaStream_t s) { launch(s, slots); });
       at += static_cast<size_t>(k.blocks);
     }
   }
 
   const std::vector<Launch>& launches() const { return launches_; }
 
-  // Runs `enqueue` (which launches these kernels, each once) `runs` times after two warm-up runs, reads
-  // each run's stamps back and reduces them; medians over the runs.
-  TimelineMedians timelines(cudaStream_t stream, const Launch& enqueue, int runs, const Timer& timer) const {
+  // Runs `enqueue` (which launches these kernels, each once) `runs` times after two warm-up runs,
+  // reads each run's stamps back and reduces them; medians over the runs.
+  TimelineMedians timelines(cudaStream_t stream, const Launch& enqueue, int runs,
+                            const Timer& timer) const {
     std::vector<BlockStamp> host(stamps_.size());
     std::vector<double> sums, spans, clocks;
     for (int r = 0; r < runs + 2; ++r) {
       enqueue(stream);
-      REPLAY_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps_.get(), host.size() * sizeof(BlockStamp),
-                                        cudaMemcpyDeviceToHost, stream));
+      REPLAY_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps_.get(),
+                                        host.size() * sizeof(BlockStamp), cudaMemcpyDeviceToHost,
+                                        stream));
       REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
       if (r < 2) continue;
       const Timeline t = graphs_bench::reduce_timeline(host, blocks_, timer);
@@ -239,7 +251,8 @@ class StampedKernels {
       spans.push_back(t.span_ns * 1e-3);
       clocks.push_back(t.cycles_per_ns);
     }
-    return {bench::summarize(sums).median, bench::summarize(spans).median, bench::summarize(clocks).median};
+    return {bench::summarize(sums).median, bench::summarize(spans).median,
+            bench::summarize(clocks).median};
   }
 
  private:
@@ -282,24 +295,37 @@ struct Measured {
 
 class Runner {
  public:
-  Runner(cudaStream_t stream, const std::vector<Kernel>& kernels, int small_graph_size, int repeats, Timer timer)
-      : stream_(stream), kernels_(kernels), small_size_(small_graph_size), repeats_(repeats), timer_(timer) {
+  Runner(cudaStream_t stream, const std::vector<Kernel>& kernels, int small_graph_size, int repeats,
+         Timer timer)
+      : stream_(stream),
+        kernels_(kernels),
+        small_size_(small_graph_size),
+        repeats_(repeats),
+        timer_(timer) {
     const std::vector<Launch>& launches = kernels_.launches();
     CaptureStream cap;
     whole_ = std::make_unique<Graph>("bench.whole");
-    whole_->build(cap.get(), [&](cudaStream_t s) { for (const Launch& l : launches) l(s); }, stream_);
+    whole_->build(
+        cap.get(),
+        [&](cudaStream_t s) {
+          for (const Launch& l : launches) l(s);
+        },
+        stream_);
     for (size_t first = 0; first < launches.size(); first += static_cast<size_t>(small_size_)) {
       const size_t last = std::min(launches.size(), first + static_cast<size_t>(small_size_));
       small_.emplace_back("bench.small." + std::to_string(small_.size()));
-      small_.back().build(cap.get(), [&](cudaStream_t s) {
-        for (size_t i = first; i < last; ++i) launches[i](s);
-      }, stream_);
+      small_.back().build(
+          cap.get(),
+          [&](cudaStream_t s) {
+            for (size_t i = first; i < last; ++i) launches[i](s);
+          },
+          stream_);
     }
     REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  // Host cost of one eager launch: batches of launches, each followed by a synchronization so the launch
-  // queue never fills and blocks the host.
+  // Host cost of one eager launch: batches of launches, each followed by a synchronization so the
+  // launch queue never fills and blocks the host.
   double eager_launch_us_per_kernel() const {
     constexpr size_t kBatch = 128;
     const std::vector<Launch>& launches = kernels_.launches();
@@ -318,7 +344,9 @@ class Runner {
     return bench::summarize(per_launch).median;
   }
 
-  double eager_us(double delay_us) const { return device_us([&](cudaStream_t s) { eager(s, delay_us); }); }
+  double eager_us(double delay_us) const {
+    return device_us([&](cudaStream_t s) { eager(s, delay_us); });
+  }
 
   double graph_us(double delay_us) const {
     return device_us([&](cudaStream_t s) {
@@ -352,8 +380,10 @@ class Runner {
   Measured measure() const {
     Measured m;
     m.kernels = static_cast<int>(kernels_.launches().size());
-    m.graph_timeline = kernels_.timelines(stream_, [&](cudaStream_t s) { whole_->launch(s); }, repeats_, timer_);
-    m.eager_timeline = kernels_.timelines(stream_, [&](cudaStream_t s) { eager(s, 0); }, repeats_, timer_);
+    m.graph_timeline = kernels_.timelines(
+        stream_, [&](cudaStream_t s) { whole_->launch(s); }, repeats_, timer_);
+    m.eager_timeline = kernels_.timelines(
+        stream_, [&](cudaStream_t s) { eager(s, 0); }, repeats_, timer_);
     m.eager_us = eager_us(0);
     m.eager_launch_us_per_kernel = eager_launch_us_per_kernel();
     m.graph_us = graph_us(0);
@@ -438,18 +468,26 @@ void print_table(const nlohmann::json& chain, const nlohmann::json& mix) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"replay-graphs-bench: eager launches, one graph and many small graphs on launch-bound work"};
+  CLI::App app{
+      "replay-graphs-bench: eager launches, one graph and many small graphs on launch-bound work"};
   int kernels = 1000, small_size = 10, repeats = 20, device = 0;
   double target_us = 40.0;
   std::vector<double> delays{0, 1, 2, 5, 10, 20, 30, 40, 50, 100};
   std::string json_path, timer_flag = "auto";
-  app.add_option("--kernels", kernels, "kernels in the chain and in the mix")->check(CLI::Range(8, 100000));
-  app.add_option("--kernel-us", target_us, "target duration of one chain kernel")->check(CLI::Range(0.5, 1000.0));
-  app.add_option("--small-graph-size", small_size, "kernels per small graph")->check(CLI::Range(1, 100000));
-  app.add_option("--repeats", repeats, "timed repeats of every measurement (median reported)")->check(CLI::Range(3, 10000));
-  app.add_option("--host-delay-us", delays, "comma-separated busy-waits before every launch call")->delimiter(',');
-  app.add_option("--timer", timer_flag, "block lengths from: auto (globaltimer if its resolution suffices), "
-                 "globaltimer, sm_clock")->check(CLI::IsMember({"auto", "globaltimer", "sm_clock"}));
+  app.add_option("--kernels", kernels, "kernels in the chain and in the mix")
+      ->check(CLI::Range(8, 100000));
+  app.add_option("--kernel-us", target_us, "target duration of one chain kernel")
+      ->check(CLI::Range(0.5, 1000.0));
+  app.add_option("--small-graph-size", small_size, "kernels per small graph")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--repeats", repeats, "timed repeats of every measurement (median reported)")
+      ->check(CLI::Range(3, 10000));
+  app.add_option("--host-delay-us", delays, "comma-separated busy-waits before every launch call")
+      ->delimiter(',');
+  app.add_option("--timer", timer_flag,
+                 "block lengths from: auto (globaltimer if its resolution suffices), "
+                 "globaltimer, sm_clock")
+      ->check(CLI::IsMember({"auto", "globaltimer", "sm_clock"}));
   app.add_option("--json", json_path, "write the results as JSON to this file");
   app.add_option("--device", device, "CUDA device");
   CLI11_PARSE(app, argc, argv);
@@ -459,23 +497,29 @@ int run(int argc, char** argv) {
   const int sms = ctx.sm_count();
   const EnvironmentReport env = ctx.environment();
   std::printf("%s", env.to_text().c_str());
-  std::printf("# kernels %d, chain kernel target %.1f us, small graphs of %d, %d repeats\n", kernels, target_us,
-              small_size, repeats);
+  std::printf("# kernels %d, chain kernel target %.1f us, small graphs of %d, %d repeats\n",
+              kernels, target_us, small_size, repeats);
 
-  // Kernel timestamps: how fine %globaltimer is decides whether block lengths come from it or from the SM
-  // clock, calibrated once against %globaltimer over 20 ms.
+  // Kernel timestamps: how fine %globaltimer is decides whether block lengths come from it or from
+  // the SM clock, calibrated once against %globaltimer over 20 ms.
   constexpr uint64_t kCalibrationNs = 20'000'000;
   const graphs_bench::GlobaltimerProbe probe = probe_globaltimer(stream);
   const double sm_ghz = calibrate_sm_clock_ghz(stream, kCalibrationNs);
   Timer timer = graphs_bench::choose_timer(probe, sm_ghz);
   if (timer_flag == "globaltimer") timer.source = TimerSource::kGlobaltimer;
   if (timer_flag == "sm_clock") timer.source = TimerSource::kSmClock;
-  std::printf("# globaltimer: smallest nonzero step between consecutive reads %.0f ns, mean tick %.1f ns, "
-              "%.1f ns per read (%d changes)\n", probe.resolution_ns, probe.tick_ns, probe.read_ns, probe.changes);
-  std::printf("# SM clock: %.4f GHz (clock64 against globaltimer over %.0f ms)\n", sm_ghz, kCalibrationNs * 1e-6);
-  std::printf("# block lengths from %s (%s; globaltimer is used when its step is at most %.0f ns), blocks placed "
-              "by globaltimer\n", graphs_bench::timer_source_name(timer.source),
-              timer_flag == "auto" ? "chosen" : "forced by --timer", graphs_bench::kMaxGlobaltimerStepNs);
+  std::printf(
+      "# globaltimer: smallest nonzero step between consecutive reads %.0f ns, mean tick %.1f ns, "
+      "%.1f ns per read (%d changes)\n",
+      probe.resolution_ns, probe.tick_ns, probe.read_ns, probe.changes);
+  std::printf("# SM clock: %.4f GHz (clock64 against globaltimer over %.0f ms)\n", sm_ghz,
+              kCalibrationNs * 1e-6);
+  std::printf(
+      "# block lengths from %s (%s; globaltimer is used when its step is at most %.0f ns), blocks "
+      "placed "
+      "by globaltimer\n",
+      graphs_bench::timer_source_name(timer.source),
+      timer_flag == "auto" ? "chosen" : "forced by --timer", graphs_bench::kMaxGlobaltimerStepNs);
 
   // Chain: `kernels` dependent launches of one FMA kernel over one wave (sms x 256 threads), its
   // iteration count calibrated from its stamps so that one kernel takes about target_us.
@@ -486,12 +530,15 @@ int run(int argc, char** argv) {
     const double us = kernel_us(stream, fma_launch(chain_buf.get(), chain_n, iters, sms), timer);
     iters = std::max(1, static_cast<int>(std::lround(iters * target_us / std::max(us, 0.1))));
   }
-  const double chain_kernel = kernel_us(stream, fma_launch(chain_buf.get(), chain_n, iters, sms), timer);
-  std::printf("# chain kernel: %d FMA iterations, %.2f us (from its stamps)\n", iters, chain_kernel);
-  const std::vector<Kernel> chain(static_cast<size_t>(kernels), fma_launch(chain_buf.get(), chain_n, iters, sms));
+  const double chain_kernel =
+      kernel_us(stream, fma_launch(chain_buf.get(), chain_n, iters, sms), timer);
+  std::printf("# chain kernel: %d FMA iterations, %.2f us (from its stamps)\n", iters,
+              chain_kernel);
+  const std::vector<Kernel> chain(static_cast<size_t>(kernels),
+                                  fma_launch(chain_buf.get(), chain_n, iters, sms));
 
-  // Mix: a "layer" of eight kernels (norm-like row reductions, elementwise ops of 4 K to 1 M elements,
-  // compute loops on small and full-wave grids), repeated to `kernels` launches.
+  // Mix: a "layer" of eight kernels (norm-like row reductions, elementwise ops of 4 K to 1 M
+  // elements, compute loops on small and full-wave grids), repeated to `kernels` launches.
   const int64_t big = int64_t{1} << 20;
   DeviceArray<float> a(static_cast<size_t>(big)), b(static_cast<size_t>(big)), rows(4096);
   const std::vector<Kernel> layer = {
@@ -512,31 +559,40 @@ int run(int argc, char** argv) {
   const nlohmann::json chain_j = to_json(chain_runner.measure());
   const nlohmann::json mix_j = to_json(mix_runner.measure());
   print_table(chain_j, mix_j);
-  std::printf("\nchain: one graph replays in %.3fx the sum of its kernels' own durations (the issue's target: "
-              "within 1.05x); %.3f us of gap per kernel\n", chain_j["graph_over_sum"].get<double>(),
-              chain_j["gap_us_per_kernel"].get<double>());
+  std::printf(
+      "\nchain: one graph replays in %.3fx the sum of its kernels' own durations (the issue's "
+      "target: "
+      "within 1.05x); %.3f us of gap per kernel\n",
+      chain_j["graph_over_sum"].get<double>(), chain_j["gap_us_per_kernel"].get<double>());
 
-  std::printf("\nhost-delay sweep (chain; the delay precedes every launch call)\n%10s %12s %12s %14s %9s\n",
-              "delay_us", "eager_us", "graph_us", "small_graphs_us", "speedup");
+  std::printf(
+      "\nhost-delay sweep (chain; the delay precedes every launch call)\n%10s %12s %12s %14s %9s\n",
+      "delay_us", "eager_us", "graph_us", "small_graphs_us", "speedup");
   nlohmann::json sweep = nlohmann::json::array();
   for (double d : delays) {
-    const double e = chain_runner.eager_us(d), g = chain_runner.graph_us(d), s = chain_runner.small_graphs_us(d);
+    const double e = chain_runner.eager_us(d), g = chain_runner.graph_us(d),
+                 s = chain_runner.small_graphs_us(d);
     std::printf("%10.1f %12.1f %12.1f %14.1f %8.2fx\n", d, e, g, s, e / g);
-    sweep.push_back({{"host_delay_us", d}, {"eager_us", e}, {"graph_us", g}, {"small_graphs_us", s}, {"speedup", e / g}});
+    sweep.push_back({{"host_delay_us", d},
+                     {"eager_us", e},
+                     {"graph_us", g},
+                     {"small_graphs_us", s},
+                     {"speedup", e / g}});
   }
 
   if (!json_path.empty()) {
     nlohmann::json environment = nlohmann::json::object();
     for (const auto& [k, v] : env.fields) environment[k] = v;
-    const nlohmann::json timestamps = {{"source", graphs_bench::timer_source_name(timer.source)},
-                                       {"choice", timer_flag},
-                                       {"globaltimer_resolution_ns", probe.resolution_ns},
-                                       {"globaltimer_tick_ns", probe.tick_ns},
-                                       {"globaltimer_read_ns", probe.read_ns},
-                                       {"max_globaltimer_step_ns", graphs_bench::kMaxGlobaltimerStepNs},
-                                       {"sm_clock_ghz", sm_ghz},
-                                       {"chain_kernel_us", chain_kernel},
-                                       {"chain_kernel_fma_iterations", iters}};
+    const nlohmann::json timestamps = {
+        {"source", graphs_bench::timer_source_name(timer.source)},
+        {"choice", timer_flag},
+        {"globaltimer_resolution_ns", probe.resolution_ns},
+        {"globaltimer_tick_ns", probe.tick_ns},
+        {"globaltimer_read_ns", probe.read_ns},
+        {"max_globaltimer_step_ns", graphs_bench::kMaxGlobaltimerStepNs},
+        {"sm_clock_ghz", sm_ghz},
+        {"chain_kernel_us", chain_kernel},
+        {"chain_kernel_fma_iterations", iters}};
     const nlohmann::json out = {{"tool", "replay-graphs-bench"},
                                 {"environment", environment},
                                 {"timestamps", timestamps},

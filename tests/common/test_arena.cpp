@@ -41,12 +41,14 @@ TEST(ArenaPlan, OverlappingLifetimesNeverAlias) {
 TEST(ArenaPlan, DeterministicOffsets) {
   auto make = [] {
     ArenaPlan p;
-    for (int i = 0; i < 50; ++i) p.add("x" + std::to_string(i), (i * 7919) % 5000, "g", {i % 7, i % 7 + i % 3});
+    for (int i = 0; i < 50; ++i)
+      p.add("x" + std::to_string(i), (i * 7919) % 5000, "g", {i % 7, i % 7 + i % 3});
     p.plan();
     return p;
   };
   ArenaPlan a = make(), b = make();
-  for (size_t i = 0; i < a.entries().size(); ++i) EXPECT_EQ(a.entries()[i].offset, b.entries()[i].offset);
+  for (size_t i = 0; i < a.entries().size(); ++i)
+    EXPECT_EQ(a.entries()[i].offset, b.entries()[i].offset);
 }
 
 TEST(ArenaPlan, OutOfMemoryNamesLargestConsumers) {

@@ -51,7 +51,8 @@ TEST(FoundInf, SeesEveryInfAndNanAcrossTypesAlignmentsAndTails) {
   const FoundInfTable table = builder.build(table_memory.get(), builder.device_bytes(), work.get());
   DeviceBuffer<int32_t> flag(1);
 
-  char* bases[3] = {reinterpret_cast<char*>(d32.get()), dbf.get() + 2, reinterpret_cast<char*>(dhf.get())};
+  char* bases[3] = {reinterpret_cast<char*>(d32.get()), dbf.get() + 2,
+                    reinterpret_cast<char*>(dhf.get())};
   const size_t esize[3] = {4, 2, 2};
   const FoundInfCase cases[] = {
       {"all finite", 0, 0, 0, 0},
@@ -70,7 +71,8 @@ TEST(FoundInf, SeesEveryInfAndNanAcrossTypesAlignmentsAndTails) {
     char* at = bases[c.tensor] + c.index * esize[c.tensor];
     char saved[4];
     ASSERT_EQ(cudaMemcpy(saved, at, esize[c.tensor], cudaMemcpyDeviceToHost), cudaSuccess);
-    if (c.expected || c.bits) ASSERT_EQ(cudaMemcpy(at, &c.bits, esize[c.tensor], cudaMemcpyHostToDevice), cudaSuccess);
+    if (c.expected || c.bits)
+      ASSERT_EQ(cudaMemcpy(at, &c.bits, esize[c.tensor], cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemset(flag.get(), 0, 4), cudaSuccess);
     check_found_inf(table, flag.get(), work.get());
     EXPECT_EQ(flag.download()[0], c.expected) << c.what;
@@ -81,7 +83,6 @@ TEST(FoundInf, SeesEveryInfAndNanAcrossTypesAlignmentsAndTails) {
   check_found_inf(table, flag.get(), work.get());
   EXPECT_EQ(flag.download()[0], -1);
 }
-
 
 }  // namespace
 }  // namespace replay

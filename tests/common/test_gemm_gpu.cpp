@@ -262,11 +262,14 @@ class Problem {
                                   test::tolerance(tolerance_key(g.d_type))));
     }
     if (g.epilogue == Epilogue::kDGeluBGrad) {
-      // cuBLASLt sums the epilogue's output after rounding it to D's type, so each of the m summands
-      // carries D's rounding error: allow 2^-8 (bf16) of the column's sum of magnitudes on top.
+      // cuBLASLt sums the epilogue's output after rounding it to D's type, so each of the m
+      // summands carries D's rounding error: allow 2^-8 (bf16) of the column's sum of magnitudes on
+      // top.
       const std::vector<float> got_bgrad = decode(g.bias_type, out.bias_grad);
       const test::Tolerance tol = test::tolerance(tolerance_key(g.bias_type));
-      const double unit = g.d_type == DType::kFP32 ? 0.0 : g.d_type == DType::kFP16 ? 1.0 / 2048 : 1.0 / 256;
+      const double unit = g.d_type == DType::kFP32   ? 0.0
+                          : g.d_type == DType::kFP16 ? 1.0 / 2048
+                                                     : 1.0 / 256;
       for (int64_t j = 0; j < g.n; ++j) {
         double magnitude = 0;
         for (int64_t i = 0; i < g.m; ++i) magnitude += std::fabs(d[size_t(i * g.ldd + j)]);

@@ -11,7 +11,8 @@
 namespace replay {
 namespace {
 
-std::vector<double> host_normal(int64_t n, uint64_t seed, uint64_t stream_id, double mean, double sd) {
+std::vector<double> host_normal(int64_t n, uint64_t seed, uint64_t stream_id, double mean,
+                                double sd) {
   std::vector<double> out(n);
   for (int64_t blk = 0; blk < (n + 3) / 4; ++blk) {
     const Philox4 r = philox_block(seed, stream_id, blk);
@@ -19,7 +20,8 @@ std::vector<double> host_normal(int64_t n, uint64_t seed, uint64_t stream_id, do
     for (int p = 0; p < 2; ++p) {
       const double u1 = philox_uniform(bits[2 * p]), u2 = philox_uniform(bits[2 * p + 1]);
       const double rad = std::sqrt(-2.0 * std::log(u1));
-      const double vals[2] = {mean + sd * rad * std::cos(2 * M_PI * u2), mean + sd * rad * std::sin(2 * M_PI * u2)};
+      const double vals[2] = {mean + sd * rad * std::cos(2 * M_PI * u2),
+                              mean + sd * rad * std::sin(2 * M_PI * u2)};
       for (int j = 0; j < 2; ++j)
         if (4 * blk + 2 * p + j < n) out[4 * blk + 2 * p + j] = vals[j];
     }
@@ -35,7 +37,8 @@ TEST(Init, NormalMatchesHostDrawsFp32AndBf16) {
   init_normal(TensorView(h.get(), DType::kBF16, {n}), 1234, 7, 0.5f, 2.0f, nullptr);
   const std::vector<double> ref = host_normal(n, 1234, 7, 0.5, 2.0);
   EXPECT_TRUE(test::all_close("init_normal fp32", f.download(), ref, {1e-4, 1e-4}));
-  EXPECT_TRUE(test::all_close("init_normal bf16", test::from_bf16(h.download()), ref, {1e-2, 8e-3}));
+  EXPECT_TRUE(
+      test::all_close("init_normal bf16", test::from_bf16(h.download()), ref, {1e-2, 8e-3}));
   double mean = 0;
   for (double v : ref) mean += v / n;
   EXPECT_NEAR(mean, 0.5, 0.05);

@@ -76,15 +76,18 @@ TEST(MlLog, LineMatchesThePythonLoggerByteForByte) {
     options.path = path;
     options.clock = [] { return int64_t{1700000000123}; };
     MlLogger log(std::move(options));
-    log.event(mlkey::kSeed, 42); const int line = __LINE__;
-    log.end(mlkey::kRunStop, {{mlkey::kStatus, mlkey::kSuccess}}); const int line2 = __LINE__;
+    const int line = __LINE__ + 1;  // the next line's
+    log.event(mlkey::kSeed, 42);
+    const int line2 = __LINE__ + 1;
+    log.end(mlkey::kRunStop, {{mlkey::kStatus, mlkey::kSuccess}});
     const auto lines = read_lines(path);
     ASSERT_EQ(lines.size(), 2u);
     // What mlperf_logging.mllog writes (json.dumps: ", " and ": " separators, this key order).
-    EXPECT_EQ(lines[0], std::string(":::MLLOG {\"namespace\": \"\", \"time_ms\": 1700000000123, ") +
-                            "\"event_type\": \"POINT_IN_TIME\", \"key\": \"seed\", \"value\": 42, " +
-                            "\"metadata\": {\"file\": \"" + kThisFile +
-                            "\", \"lineno\": " + std::to_string(line) + "}}");
+    EXPECT_EQ(lines[0],
+              std::string(":::MLLOG {\"namespace\": \"\", \"time_ms\": 1700000000123, ") +
+                  "\"event_type\": \"POINT_IN_TIME\", \"key\": \"seed\", \"value\": 42, " +
+                  "\"metadata\": {\"file\": \"" + kThisFile +
+                  "\", \"lineno\": " + std::to_string(line) + "}}");
     EXPECT_EQ(lines[1], std::string(":::MLLOG {\"namespace\": \"\", \"time_ms\": 1700000000123, ") +
                             "\"event_type\": \"INTERVAL_END\", \"key\": \"run_stop\", " +
                             "\"value\": null, \"metadata\": {\"file\": \"" + kThisFile +
@@ -111,11 +114,11 @@ TEST(MlLog, KeyOrderValueTypesAndMetadata) {
   }
   const auto lines = read_lines(path);
   ASSERT_EQ(lines.size(), 9u);
-  const std::vector<std::string> order = {"namespace", "time_ms",  "event_type",
-                                          "key",       "value",    "metadata"};
-  const char* types[] = {"POINT_IN_TIME", "POINT_IN_TIME", "POINT_IN_TIME", "POINT_IN_TIME",
-                         "POINT_IN_TIME", "POINT_IN_TIME", "INTERVAL_START", "INTERVAL_END",
-                         "INTERVAL_END"};
+  const std::vector<std::string> order = {"namespace", "time_ms", "event_type",
+                                          "key",       "value",   "metadata"};
+  const char* types[] = {"POINT_IN_TIME",  "POINT_IN_TIME", "POINT_IN_TIME",
+                         "POINT_IN_TIME",  "POINT_IN_TIME", "POINT_IN_TIME",
+                         "INTERVAL_START", "INTERVAL_END",  "INTERVAL_END"};
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto j = parse(lines[i]);
     EXPECT_EQ(keys_of(j), order) << lines[i];
@@ -143,7 +146,8 @@ TEST(MlLog, KeyOrderValueTypesAndMetadata) {
   EXPECT_EQ(parse(lines[1])["metadata"]["lineno"].get<int>(),
             parse(lines[0])["metadata"]["lineno"].get<int>() + 1);
   const auto block = parse(lines[6])["metadata"];
-  EXPECT_EQ(keys_of(block), (std::vector<std::string>{"file", "lineno", "samples_count", "epoch_num"}));
+  EXPECT_EQ(keys_of(block),
+            (std::vector<std::string>{"file", "lineno", "samples_count", "epoch_num"}));
   EXPECT_EQ(block["epoch_num"], 3);
 }
 

@@ -491,9 +491,10 @@ TEST(AdamWGpu, Fp16AndFp32ModelCopiesAreTheRoundedMasterWeights) {
       grad.push_back(std::make_unique<DeviceBuffer<float>>(test::random_normal(n, 80 + i)));
       m.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(n, 0.0f)));
       v.push_back(std::make_unique<DeviceBuffer<float>>(std::vector<float>(n, 0.0f)));
-      model.push_back(std::make_unique<DeviceBuffer<char>>(static_cast<size_t>(n) * dtype_size(dtype)));
-      builder.add(master.back()->get(), TensorView(model.back()->get(), dtype, {n}), grad.back()->get(),
-                  m.back()->get(), v.back()->get(), n, i % 2 == 0);
+      model.push_back(
+          std::make_unique<DeviceBuffer<char>>(static_cast<size_t>(n) * dtype_size(dtype)));
+      builder.add(master.back()->get(), TensorView(model.back()->get(), dtype, {n}),
+                  grad.back()->get(), m.back()->get(), v.back()->get(), n, i % 2 == 0);
     }
     DeviceBuffer<char> memory(builder.device_bytes());
     const AdamWTable table = builder.build(memory.get(), memory.size(), kStream);

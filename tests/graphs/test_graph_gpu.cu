@@ -1,7 +1,7 @@
-// Graph on the device: capture, launch and statistics; in-place update when only a pointer changes and the
-// reported fallback when the topology changes; capture refused with the fault class for a host sync, an
-// unchecked sync and an unjoined fork, leaving no capture open and no error pending; capture modes; dot
-// files through REPLAY_GRAPH_DUMP.
+// Graph on the device: capture, launch and statistics; in-place update when only a pointer changes
+// and the reported fallback when the topology changes; capture refused with the fault class for a
+// host sync, an unchecked sync and an unjoined fork, leaving no capture open and no error pending;
+// capture modes; dot files through REPLAY_GRAPH_DUMP.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -40,7 +40,9 @@ void fill(float* x, float v, int n, cudaStream_t s) {
   REPLAY_LAUNCH_CHECK();
 }
 
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 // No capture open on `s` and no error pending: what every refused capture must leave behind.
 void expect_clean(cudaStream_t s) {
@@ -61,11 +63,14 @@ TEST(Graph, CaptureLaunchAndStatistics) {
   DeviceBuffer<float> x(n);
   fill(x.get(), 0.0f, n, work.get());
   Graph g("three.adds");
-  g.build(cap.get(), [&](cudaStream_t s) {
-    add(x.get(), 1.0f, n, s);
-    add(x.get(), 2.0f, n, s);
-    add(x.get(), 4.0f, n, s);
-  }, work.get());
+  g.build(
+      cap.get(),
+      [&](cudaStream_t s) {
+        add(x.get(), 1.0f, n, s);
+        add(x.get(), 2.0f, n, s);
+        add(x.get(), 4.0f, n, s);
+      },
+      work.get());
   EXPECT_EQ(g.stats().nodes, 3u);
   EXPECT_GT(g.stats().capture_ms, 0.0);
   EXPECT_GT(g.stats().instantiate_ms, 0.0);
@@ -88,10 +93,12 @@ TEST(Graph, UpdatesInPlaceWhenOnlyAPointerChanges) {
   fill(a.get(), 0.0f, n, work.get());
   fill(b.get(), 0.0f, n, work.get());
   Graph g("fill");
-  g.build(cap.get(), [&](cudaStream_t s) { fill(a.get(), 1.0f, n, s); }, work.get());
+  g.build(
+      cap.get(), [&](cudaStream_t s) { fill(a.get(), 1.0f, n, s); }, work.get());
   g.launch(work.get());
 
-  const UpdateReport r = g.update(cap.get(), [&](cudaStream_t s) { fill(b.get(), 2.0f, n, s); }, work.get());
+  const UpdateReport r = g.update(
+      cap.get(), [&](cudaStream_t s) { fill(b.get(), 2.0f, n, s); }, work.get());
   EXPECT_TRUE(r.in_place) << r.reason;
   EXPECT_EQ(r.graph, "fill");
   EXPECT_TRUE(r.reason.empty());
@@ -110,11 +117,15 @@ TEST(Graph, FallsBackToReinstantiationAndSaysWhyWhenTopologyChanges) {
   DeviceBuffer<float> a(n);
   fill(a.get(), 0.0f, n, work.get());
   Graph g("grows");
-  g.build(cap.get(), [&](cudaStream_t s) { add(a.get(), 1.0f, n, s); }, work.get());
-  const UpdateReport r = g.update(cap.get(), [&](cudaStream_t s) {
-    add(a.get(), 1.0f, n, s);
-    add(a.get(), 10.0f, n, s);
-  }, work.get());
+  g.build(
+      cap.get(), [&](cudaStream_t s) { add(a.get(), 1.0f, n, s); }, work.get());
+  const UpdateReport r = g.update(
+      cap.get(),
+      [&](cudaStream_t s) {
+        add(a.get(), 1.0f, n, s);
+        add(a.get(), 10.0f, n, s);
+      },
+      work.get());
   EXPECT_FALSE(r.in_place);
   EXPECT_TRUE(has(r.reason, "cudaGraphExecUpdateError")) << r.reason;
   EXPECT_EQ(g.stats().reinstantiations, 1);
@@ -140,7 +151,8 @@ TEST(Graph, HostSynchronizationInsideCaptureIsRefusedWithItsFaultClass) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_TRUE(has(m, "graph 'layer7.fwd'")) << m;
-    EXPECT_TRUE(has(m, "host synchronization during capture (cudaErrorStreamCaptureUnsupported)")) << m;
+    EXPECT_TRUE(has(m, "host synchronization during capture (cudaErrorStreamCaptureUnsupported)"))
+        << m;
     EXPECT_TRUE(has(m, "cudaStreamSynchronize")) << m;
     EXPECT_TRUE(has(m, "Fix:")) << m;
   }
@@ -160,7 +172,8 @@ TEST(Graph, HostSynchronizationInsideCaptureIsRefusedWithItsFaultClass) {
   expect_clean(cap.get());
 
   // The same stream captures a correct region afterwards.
-  g.build(cap.get(), [&](cudaStream_t s) { fill(x.get(), 3.0f, n, s); }, work.get());
+  g.build(
+      cap.get(), [&](cudaStream_t s) { fill(x.get(), 3.0f, n, s); }, work.get());
   g.launch(work.get());
   ASSERT_EQ(cudaStreamSynchronize(work.get()), cudaSuccess);
   expect_all(x, 3.0f);
@@ -195,8 +208,8 @@ TEST(Graph, UnjoinedForkIsReportedAsSuch) {
   ASSERT_EQ(cudaEventDestroy(fork), cudaSuccess);
 }
 
-// Another thread makes a capture-unsafe call (cudaMalloc) while this thread captures: refused in global
-// mode, allowed in thread-local mode. Returns the other thread's status.
+// Another thread makes a capture-unsafe call (cudaMalloc) while this thread captures: refused in
+// global mode, allowed in thread-local mode. Returns the other thread's status.
 cudaError_t other_thread_malloc_during_capture(CaptureMode mode, bool* capture_failed) {
   CaptureStream cap;
   DeviceBuffer<float> x(64);
@@ -204,16 +217,19 @@ cudaError_t other_thread_malloc_during_capture(CaptureMode mode, bool* capture_f
   cudaError_t other = cudaSuccess;
   *capture_failed = false;
   try {
-    g.capture(cap.get(), [&](cudaStream_t s) {
-      fill(x.get(), 1.0f, 64, s);
-      std::thread t([&] {
-        void* p = nullptr;
-        other = cudaMalloc(&p, 1024);
-        if (other == cudaSuccess) cudaFree(p);
-        (void)cudaGetLastError();  // that thread's own error state
-      });
-      t.join();
-    }, mode);
+    g.capture(
+        cap.get(),
+        [&](cudaStream_t s) {
+          fill(x.get(), 1.0f, 64, s);
+          std::thread t([&] {
+            void* p = nullptr;
+            other = cudaMalloc(&p, 1024);
+            if (other == cudaSuccess) cudaFree(p);
+            (void)cudaGetLastError();  // that thread's own error state
+          });
+          t.join();
+        },
+        mode);
   } catch (const Error& e) {
     *capture_failed = true;
     EXPECT_TRUE(has(e.what(), "graph 'threads'")) << e.what();
@@ -226,7 +242,8 @@ TEST(Graph, ThreadLocalCaptureLetsOtherThreadsUseCuda) {
   bool failed = false;
   EXPECT_EQ(other_thread_malloc_during_capture(CaptureMode::kThreadLocal, &failed), cudaSuccess);
   EXPECT_FALSE(failed);
-  EXPECT_EQ(other_thread_malloc_during_capture(CaptureMode::kGlobal, &failed), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(other_thread_malloc_during_capture(CaptureMode::kGlobal, &failed),
+            cudaErrorStreamCaptureUnsupported);
 }
 
 TEST(Graph, NeedsANonBlockingExplicitStream) {
@@ -247,7 +264,8 @@ TEST(Graph, DumpsOneDotFilePerGraphWhenAsked) {
   CaptureStream work, cap;
   DeviceBuffer<float> x(64);
   Graph g("layer0/fwd");
-  g.build(cap.get(), [&](cudaStream_t s) { fill(x.get(), 1.0f, 64, s); }, work.get());
+  g.build(
+      cap.get(), [&](cudaStream_t s) { fill(x.get(), 1.0f, 64, s); }, work.get());
   unsetenv("REPLAY_GRAPH_DUMP");
   const std::filesystem::path file = dir / "layer0_fwd.dot";
   ASSERT_TRUE(std::filesystem::exists(file)) << file;

@@ -1,6 +1,7 @@
-// replay-graphs-bench's host logic, without a GPU: the globaltimer probe and the clock choice, kernel
-// intervals from block stamps under both clocks, the reduction of a run into durations, span and idle time
-// (including a synthetic 1000-kernel chain read through a coarse globaltimer), and the reported gaps.
+// replay-graphs-bench's host logic, without a GPU: the globaltimer probe and the clock choice,
+// kernel intervals from block stamps under both clocks, the reduction of a run into durations, span
+// and idle time (including a synthetic 1000-kernel chain read through a coarse globaltimer), and
+// the reported gaps.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,11 +17,14 @@ namespace {
 const Timer kGlobaltimer{TimerSource::kGlobaltimer, 2.0};
 const Timer kSmClock{TimerSource::kSmClock, 2.0};
 
-BlockStamp stamp(uint64_t start_ns, uint32_t length_ns, uint32_t cycles) { return {start_ns, length_ns, cycles}; }
+BlockStamp stamp(uint64_t start_ns, uint32_t length_ns, uint32_t cycles) {
+  return {start_ns, length_ns, cycles};
+}
 
 TEST(GlobaltimerProbe, FindsTheStepTheTickAndTheReadCost) {
   // A timer that moves in 32 ns steps, read every 10 ns or so, with one 64 ns jump.
-  const std::vector<uint64_t> reads = {1000, 1000, 1000, 1032, 1032, 1032, 1064, 1064, 1128, 1128, 1128};
+  const std::vector<uint64_t> reads = {1000, 1000, 1000, 1032, 1032, 1032,
+                                       1064, 1064, 1128, 1128, 1128};
   const GlobaltimerProbe p = probe_globaltimer(reads);
   EXPECT_EQ(p.resolution_ns, 32.0);
   EXPECT_EQ(p.changes, 3);
@@ -29,9 +33,9 @@ TEST(GlobaltimerProbe, FindsTheStepTheTickAndTheReadCost) {
 }
 
 TEST(GlobaltimerProbe, RejectsAFrozenOrBackwardTimer) {
-  EXPECT_THROW(probe_globaltimer({5, 5, 5, 5, 6}), Error);       // one change: no tick to measure
-  EXPECT_THROW(probe_globaltimer({5, 6, 7, 6, 8}), Error);       // went backwards
-  EXPECT_THROW(probe_globaltimer({5, 6}), Error);                // too few reads
+  EXPECT_THROW(probe_globaltimer({5, 5, 5, 5, 6}), Error);  // one change: no tick to measure
+  EXPECT_THROW(probe_globaltimer({5, 6, 7, 6, 8}), Error);  // went backwards
+  EXPECT_THROW(probe_globaltimer({5, 6}), Error);           // too few reads
 }
 
 TEST(ChooseTimer, GlobaltimerWhenFineEnoughSmClockOtherwise) {
@@ -52,7 +56,8 @@ TEST(ChooseTimer, GlobaltimerWhenFineEnoughSmClockOtherwise) {
 
 TEST(KernelInterval, FirstBlockStartToLastBlockEnd) {
   // Three blocks; the last to start is not the last to end.
-  const std::vector<BlockStamp> blocks = {stamp(1000, 500, 1000), stamp(1100, 900, 1800), stamp(1200, 300, 600)};
+  const std::vector<BlockStamp> blocks = {stamp(1000, 500, 1000), stamp(1100, 900, 1800),
+                                          stamp(1200, 300, 600)};
   const KernelInterval g = kernel_interval(blocks.data(), 3, kGlobaltimer);
   EXPECT_DOUBLE_EQ(g.start_ns, 1000.0);
   EXPECT_DOUBLE_EQ(g.end_ns, 2000.0);  // block 1: 1100 + 900
@@ -70,11 +75,11 @@ TEST(KernelInterval, SmClockTakesBlockLengthsFromCycles) {
 }
 
 TEST(ReduceTimeline, SumsDurationsAndMeasuresSpanAndIdleTime) {
-  // Kernel 0: two blocks over [0, 10000]; kernel 1: one block [11000, 14000]; kernel 2: three blocks over
-  // [15500, 20500]. Idle: 1000 + 1500.
-  const std::vector<BlockStamp> stamps = {stamp(0, 10000, 20000),     stamp(200, 9800, 19600),
-                                          stamp(11000, 3000, 6000),   stamp(15500, 4000, 8000),
-                                          stamp(15600, 4900, 9800),   stamp(16000, 1000, 2000)};
+  // Kernel 0: two blocks over [0, 10000]; kernel 1: one block [11000, 14000]; kernel 2: three
+  // blocks over [15500, 20500]. Idle: 1000 + 1500.
+  const std::vector<BlockStamp> stamps = {stamp(0, 10000, 20000),   stamp(200, 9800, 19600),
+                                          stamp(11000, 3000, 6000), stamp(15500, 4000, 8000),
+                                          stamp(15600, 4900, 9800), stamp(16000, 1000, 2000)};
   const std::vector<int> blocks = {2, 1, 3};
   for (const Timer& timer : {kGlobaltimer, kSmClock}) {
     const Timeline t = reduce_timeline(stamps, blocks, timer);
@@ -88,18 +93,19 @@ TEST(ReduceTimeline, SumsDurationsAndMeasuresSpanAndIdleTime) {
 
 TEST(ReduceTimeline, RejectsStampsThatDoNotMatchTheKernels) {
   const std::vector<BlockStamp> stamps = {stamp(0, 10, 20), stamp(0, 10, 20), stamp(20, 10, 20)};
-  EXPECT_THROW(reduce_timeline(stamps, {2}, kGlobaltimer), Error);        // one stamp left over
-  EXPECT_THROW(reduce_timeline(stamps, {2, 2}, kGlobaltimer), Error);     // one stamp missing
-  EXPECT_THROW(reduce_timeline(stamps, {3, 0}, kGlobaltimer), Error);     // a kernel with no blocks
+  EXPECT_THROW(reduce_timeline(stamps, {2}, kGlobaltimer), Error);     // one stamp left over
+  EXPECT_THROW(reduce_timeline(stamps, {2, 2}, kGlobaltimer), Error);  // one stamp missing
+  EXPECT_THROW(reduce_timeline(stamps, {3, 0}, kGlobaltimer), Error);  // a kernel with no blocks
   EXPECT_THROW(reduce_timeline(stamps, {}, kGlobaltimer), Error);
   EXPECT_NO_THROW(reduce_timeline(stamps, {2, 1}, kGlobaltimer));
 }
 
-// A chain of 1000 kernels of 132 blocks each, about 30 us long with 1 us between kernels, seen through a
-// globaltimer that ticks every 1024 ns (stamps hold floor(t / 1024) * 1024) and an exact 1.98 GHz SM clock:
-// both reductions recover the sum of durations to 0.2% (what is left comes from the blocks' start offsets,
-// read at tick granularity: at most the 400 ns spread of block starts per kernel, about 25 ns on average),
-// and the SM-clock one the 1 us idle time between kernels to 5%.
+// A chain of 1000 kernels of 132 blocks each, about 30 us long with 1 us between kernels, seen
+// through a globaltimer that ticks every 1024 ns (stamps hold floor(t / 1024) * 1024) and an
+// exact 1.98 GHz SM clock: both reductions recover the sum of durations to 0.2% (what is left comes
+// from the blocks' start offsets, read at tick granularity: at most the 400 ns spread of block
+// starts per kernel, about 25 ns on average), and the SM-clock one the 1 us idle time between
+// kernels to 5%.
 TEST(ReduceTimeline, RecoversAChainThroughACoarseGlobaltimer) {
   constexpr int kKernels = 1000, kBlocks = 132;
   constexpr double kTick = 1024, kGhz = 1.98;
@@ -113,7 +119,8 @@ TEST(ReduceTimeline, RecoversAChainThroughACoarseGlobaltimer) {
     double end = now;
     for (int b = 0; b < kBlocks; ++b) {
       const double s = now + spread(rng), e = s + length(rng);
-      stamps.push_back({q(s), static_cast<uint32_t>(q(e) - q(s)), static_cast<uint32_t>(std::llround((e - s) * kGhz))});
+      stamps.push_back({q(s), static_cast<uint32_t>(q(e) - q(s)),
+                        static_cast<uint32_t>(std::llround((e - s) * kGhz))});
       end = std::max(end, e);
     }
     true_sum += end - now;

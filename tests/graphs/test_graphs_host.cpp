@@ -1,6 +1,6 @@
-// The graph layer's host logic, without a GPU: plan partition and ordering, argument fingerprints, capture
-// fault classes, RNG registration, learning-rate schedules, the loss-scaler state machine, and the
-// helpers shadow verification prints with.
+// The graph layer's host logic, without a GPU: plan partition and ordering, argument fingerprints,
+// capture fault classes, RNG registration, learning-rate schedules, the loss-scaler state machine,
+// and the helpers shadow verification prints with.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +15,9 @@
 namespace replay::graphs {
 namespace {
 
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 Region region(const std::string& name, RegionKind kind, const std::string& scope = {}) {
   Region r;
@@ -98,7 +100,8 @@ TEST(StepPartition, LayerScopesSelectModuleRegions) {
 }
 
 TEST(StepPartition, RejectsBadPlans) {
-  auto expect_error = [](const std::vector<Region>& regions, const StepPlanOptions& opt, const std::string& text) {
+  auto expect_error = [](const std::vector<Region>& regions, const StepPlanOptions& opt,
+                         const std::string& text) {
     try {
       partition_step("step", regions, opt);
       ADD_FAILURE() << "no exception, expected: " << text;
@@ -115,7 +118,8 @@ TEST(StepPartition, RejectsBadPlans) {
   expect_error(no_enqueue, {GraphMode::kNone}, "'layer0.fwd.mlp' has no enqueue function");
   StepPlanOptions unknown{GraphMode::kLayer};
   unknown.scopes = {"moe_router"};
-  expect_error(transformer_step(), unknown, "scope 'moe_router' matches no region (declared scopes: attn, mlp)");
+  expect_error(transformer_step(), unknown,
+               "scope 'moe_router' matches no region (declared scopes: attn, mlp)");
   StepPlanOptions scopes_in_full{GraphMode::kFull};
   scopes_in_full.scopes = {"attn"};
   expect_error(transformer_step(), scopes_in_full, "layer mode only");
@@ -138,29 +142,40 @@ TEST(RegionArgs, LookupAndDuplicates) {
 TEST(Fingerprint, EqualArgumentsMatch) {
   alignas(16) static char buf[4096];
   auto make = [&] {
-    return RegionArgs().read("x", TensorView(buf, DType::kBF16, {4, 8})).write("y", TensorView(buf + 1024, DType::kFP32, {16}));
+    return RegionArgs()
+        .read("x", TensorView(buf, DType::kBF16, {4, 8}))
+        .write("y", TensorView(buf + 1024, DType::kFP32, {16}));
   };
   EXPECT_EQ(fingerprint_mismatch(fingerprint(make()), fingerprint(make())), "");
 }
 
 TEST(Fingerprint, NamesTheArgumentThatMovedOrChangedShape) {
   alignas(16) static char buf[4096];
-  const auto captured = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kBF16, {4, 8})).write("y", TensorView(buf + 1024, DType::kFP32, {16})));
+  const auto captured = fingerprint(RegionArgs()
+                                        .read("x", TensorView(buf, DType::kBF16, {4, 8}))
+                                        .write("y", TensorView(buf + 1024, DType::kFP32, {16})));
 
-  const auto moved = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kBF16, {4, 8})).write("y", TensorView(buf + 2048, DType::kFP32, {16})));
+  const auto moved = fingerprint(RegionArgs()
+                                     .read("x", TensorView(buf, DType::kBF16, {4, 8}))
+                                     .write("y", TensorView(buf + 2048, DType::kFP32, {16})));
   std::string m = fingerprint_mismatch(captured, moved);
   EXPECT_TRUE(has(m, "argument 'y' was captured as fp32[16] at ")) << m;
 
-  const auto reshaped = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kBF16, {8, 4})).write("y", TensorView(buf + 1024, DType::kFP32, {16})));
+  const auto reshaped = fingerprint(RegionArgs()
+                                        .read("x", TensorView(buf, DType::kBF16, {8, 4}))
+                                        .write("y", TensorView(buf + 1024, DType::kFP32, {16})));
   m = fingerprint_mismatch(captured, reshaped);
   EXPECT_TRUE(has(m, "argument 'x' was captured as bf16[4x8]") && has(m, "is now bf16[8x4]")) << m;
 
-  const auto retyped = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kFP16, {4, 8})).write("y", TensorView(buf + 1024, DType::kFP32, {16})));
+  const auto retyped = fingerprint(RegionArgs()
+                                       .read("x", TensorView(buf, DType::kFP16, {4, 8}))
+                                       .write("y", TensorView(buf + 1024, DType::kFP32, {16})));
   EXPECT_TRUE(has(fingerprint_mismatch(captured, retyped), "is now fp16[4x8]"));
 
   TensorView strided(buf, DType::kBF16, {4, 8});
   strided.stride[0] = 16;
-  const auto restrided = fingerprint(RegionArgs().read("x", strided).write("y", TensorView(buf + 1024, DType::kFP32, {16})));
+  const auto restrided = fingerprint(
+      RegionArgs().read("x", strided).write("y", TensorView(buf + 1024, DType::kFP32, {16})));
   m = fingerprint_mismatch(captured, restrided);
   EXPECT_TRUE(has(m, "strides (16,1)")) << m;
 
@@ -168,11 +183,18 @@ TEST(Fingerprint, NamesTheArgumentThatMovedOrChangedShape) {
   m = fingerprint_mismatch(captured, missing);
   EXPECT_TRUE(has(m, "argument 'y' was captured but is no longer passed")) << m;
 
-  const auto extra = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kBF16, {4, 8})).write("y", TensorView(buf + 1024, DType::kFP32, {16})).read("z", TensorView(buf, DType::kFP32, {1})));
-  EXPECT_TRUE(has(fingerprint_mismatch(captured, extra), "argument 'z' is passed but was not captured"));
+  const auto extra = fingerprint(RegionArgs()
+                                     .read("x", TensorView(buf, DType::kBF16, {4, 8}))
+                                     .write("y", TensorView(buf + 1024, DType::kFP32, {16}))
+                                     .read("z", TensorView(buf, DType::kFP32, {1})));
+  EXPECT_TRUE(
+      has(fingerprint_mismatch(captured, extra), "argument 'z' is passed but was not captured"));
 
-  const auto access = fingerprint(RegionArgs().read("x", TensorView(buf, DType::kBF16, {4, 8})).read_write("y", TensorView(buf + 1024, DType::kFP32, {16})));
-  EXPECT_TRUE(has(fingerprint_mismatch(captured, access), "captured as write and is now read-write"));
+  const auto access = fingerprint(RegionArgs()
+                                      .read("x", TensorView(buf, DType::kBF16, {4, 8}))
+                                      .read_write("y", TensorView(buf + 1024, DType::kFP32, {16})));
+  EXPECT_TRUE(
+      has(fingerprint_mismatch(captured, access), "captured as write and is now read-write"));
 }
 
 TEST(CaptureFaults, ClassesNameTheFaultAndTheCode) {
@@ -183,20 +205,26 @@ TEST(CaptureFaults, ClassesNameTheFaultAndTheCode) {
   EXPECT_EQ(capture_fault_class(cudaErrorStreamCaptureUnsupported, "cudaEventQuery(e)"),
             "stream or event query during capture (cudaErrorStreamCaptureUnsupported)");
   EXPECT_TRUE(has(capture_fault_class(cudaErrorStreamCaptureUnjoined), "not joined back"));
-  EXPECT_TRUE(has(capture_fault_class(cudaErrorStreamCaptureUnjoined), "(cudaErrorStreamCaptureUnjoined)"));
+  EXPECT_TRUE(
+      has(capture_fault_class(cudaErrorStreamCaptureUnjoined), "(cudaErrorStreamCaptureUnjoined)"));
   EXPECT_TRUE(has(capture_fault_class(cudaErrorStreamCaptureIsolation), "outside the capture"));
   EXPECT_TRUE(has(capture_fault_class(cudaErrorStreamCaptureImplicit), "legacy default stream"));
   EXPECT_TRUE(has(capture_fault_class(cudaErrorCapturedEvent), "event recorded in the capture"));
   EXPECT_TRUE(has(capture_fault_fix(cudaErrorStreamCaptureUnjoined), "wait on it"));
-  EXPECT_TRUE(has(capture_fault_fix(cudaErrorStreamCaptureUnsupported, "cudaMalloc(&p, 64)"), "Arena"));
+  EXPECT_TRUE(
+      has(capture_fault_fix(cudaErrorStreamCaptureUnsupported, "cudaMalloc(&p, 64)"), "Arena"));
 }
 
 TEST(CaptureFaults, ErrorStatusMapsBackToTheCode) {
-  EXPECT_EQ(capture_error_from_status("cudaErrorStreamCaptureUnsupported (operation not permitted when stream is capturing)"),
-            cudaErrorStreamCaptureUnsupported);
-  EXPECT_EQ(capture_error_from_status("cudaErrorStreamCaptureInvalidated (x)"), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(
+      capture_error_from_status(
+          "cudaErrorStreamCaptureUnsupported (operation not permitted when stream is capturing)"),
+      cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(capture_error_from_status("cudaErrorStreamCaptureInvalidated (x)"),
+            cudaErrorStreamCaptureInvalidated);
   EXPECT_EQ(capture_error_from_status("cudaErrorCapturedEvent"), cudaErrorCapturedEvent);
-  EXPECT_EQ(capture_error_from_status("cudaErrorInvalidValue (invalid argument)"), cudaErrorUnknown);
+  EXPECT_EQ(capture_error_from_status("cudaErrorInvalidValue (invalid argument)"),
+            cudaErrorUnknown);
   EXPECT_EQ(capture_error_from_status("precondition failed"), cudaErrorUnknown);
 }
 
@@ -225,8 +253,10 @@ TEST(RngTracker, RegistrationGivesDisjointOffsetsPerStream) {
   EXPECT_EQ(rng.consumption(kTensorParallelRng), 5u);
   EXPECT_EQ(rng.consumption(kDataParallelRng), 1u);
   EXPECT_EQ(rng.consumption(kExpertParallelRng), 0u);
-  EXPECT_TRUE(has(rng.table(), "rng stream tensor-parallel: seed 3955, 5 positions per step")) << rng.table();
-  EXPECT_TRUE(has(rng.table(), "rng stream expert-parallel: seed 2459,")) << rng.table();  // 1234+1024+200+1
+  EXPECT_TRUE(has(rng.table(), "rng stream tensor-parallel: seed 3955, 5 positions per step"))
+      << rng.table();
+  EXPECT_TRUE(has(rng.table(), "rng stream expert-parallel: seed 2459,"))
+      << rng.table();  // 1234+1024+200+1
   EXPECT_THROW(rng.register_op("pipeline", "x"), Error);
   EXPECT_THROW(rng.register_op(kTensorParallelRng, "layer0.attn.dropout"), Error);
   EXPECT_THROW(rng.add_stream("late", 1), Error);
@@ -266,7 +296,9 @@ TEST(Verify, FirstDifferenceAndValues) {
   r.index = 5;
   r.eager_value = "3";
   r.graph_value = "1";
-  EXPECT_EQ(r.message(), "verify-graphs: graph 'layer0.fwd': output 'layer0.fwd:y' differs at element 5: eager 3, graphed 1");
+  EXPECT_EQ(r.message(),
+            "verify-graphs: graph 'layer0.fwd': output 'layer0.fwd:y' differs at element 5: eager "
+            "3, graphed 1");
 }
 
 }  // namespace

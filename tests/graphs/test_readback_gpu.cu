@@ -19,7 +19,9 @@ namespace {
 
 using test::DeviceBuffer;
 
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 // Spins until the host sets *flag (mapped pinned memory), at most a few seconds.
 __global__ void wait_for_host_kernel(const volatile int32_t* flag) {
@@ -30,7 +32,9 @@ __global__ void wait_for_host_kernel(const volatile int32_t* flag) {
 __global__ void write_loss_kernel(float* loss, const int64_t* iteration) {
   *loss = 100.0f + static_cast<float>(*iteration);
 }
-__global__ void advance_kernel(int64_t* iteration) { *iteration += 1; }
+__global__ void advance_kernel(int64_t* iteration) {
+  *iteration += 1;
+}
 
 TEST(Readback, HostReadsEarlierStepsWithoutWaitingOnTheCurrentOne) {
   CaptureStream work, cap;
@@ -38,16 +42,20 @@ TEST(Readback, HostReadsEarlierStepsWithoutWaitingOnTheCurrentOne) {
   DeviceBuffer<float> loss(std::vector<float>{0.0f});
   DeviceBuffer<int32_t> flag(std::vector<int32_t>{0});
   ReadbackRing ring(4, iteration.get(),
-                    {{"loss", loss.get(), ScalarType::kF32}, {"iteration", iteration.get(), ScalarType::kI64},
+                    {{"loss", loss.get(), ScalarType::kF32},
+                     {"iteration", iteration.get(), ScalarType::kI64},
                      {"found_inf", flag.get(), ScalarType::kI32}});
   Graph step("readback.step");
-  step.build(cap.get(), [&](cudaStream_t st) {
-    write_loss_kernel<<<1, 1, 0, st>>>(loss.get(), iteration.get());
-    REPLAY_LAUNCH_CHECK();
-    ring.copy(st);
-    advance_kernel<<<1, 1, 0, st>>>(iteration.get());
-    REPLAY_LAUNCH_CHECK();
-  }, work.get());
+  step.build(
+      cap.get(),
+      [&](cudaStream_t st) {
+        write_loss_kernel<<<1, 1, 0, st>>>(loss.get(), iteration.get());
+        REPLAY_LAUNCH_CHECK();
+        ring.copy(st);
+        advance_kernel<<<1, 1, 0, st>>>(iteration.get());
+        REPLAY_LAUNCH_CHECK();
+      },
+      work.get());
 
   int32_t* gate = nullptr;
   int32_t* gate_device = nullptr;
@@ -72,7 +80,8 @@ TEST(Readback, HostReadsEarlierStepsWithoutWaitingOnTheCurrentOne) {
       EXPECT_EQ(r.get("found_inf"), 0);
     }
     if (block) {
-      EXPECT_FALSE(ring.try_read(k).has_value()) << "step " << k << " cannot have finished: the device waits";
+      EXPECT_FALSE(ring.try_read(k).has_value())
+          << "step " << k << " cannot have finished: the device waits";
       EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "'not ready' must not be left as an error";
       *reinterpret_cast<volatile int32_t*>(gate) = 1;
       EXPECT_EQ(ring.read(k).get("loss"), 100.0 + k);

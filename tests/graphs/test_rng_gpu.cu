@@ -1,6 +1,7 @@
 // RngTracker on the device: a random region run eagerly and replayed as a graph draws bit-identical
-// numbers, different ones at every step, equal to the host Philox at the documented counter; snapshot and
-// restore replay the same numbers; named streams are independent and slots advance by their consumption.
+// numbers, different ones at every step, equal to the host Philox at the documented counter;
+// snapshot and restore replay the same numbers; named streams are independent and slots advance by
+// their consumption.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -75,15 +76,17 @@ TEST(Rng, EagerAndGraphDrawBitIdenticalFreshNumbersOnEveryReplay) {
   for (int k = 0; k < steps; ++k) {
     g.launch(work.get());
     const std::vector<uint32_t> graphed = out.download();
-    ASSERT_TRUE(test::bit_equal("step " + std::to_string(k), eager[static_cast<size_t>(k)].data(), graphed.data(),
-                                graphed.size() * sizeof(uint32_t)));
+    ASSERT_TRUE(test::bit_equal("step " + std::to_string(k), eager[static_cast<size_t>(k)].data(),
+                                graphed.data(), graphed.size() * sizeof(uint32_t)));
     // The numbers are the host Philox at position offset + op_offset = 2k + 1.
     const std::vector<uint32_t> host = host_draw(seed, 2 * static_cast<uint64_t>(k) + 1, n);
-    ASSERT_TRUE(test::bit_equal("host philox, step " + std::to_string(k), host.data(), graphed.data(),
-                                graphed.size() * sizeof(uint32_t)));
+    ASSERT_TRUE(test::bit_equal("host philox, step " + std::to_string(k), host.data(),
+                                graphed.data(), graphed.size() * sizeof(uint32_t)));
     if (k > 0) {
       int same = 0;
-      for (int i = 0; i < n; ++i) same += graphed[static_cast<size_t>(i)] == eager[static_cast<size_t>(k - 1)][static_cast<size_t>(i)];
+      for (int i = 0; i < n; ++i)
+        same += graphed[static_cast<size_t>(i)] ==
+                eager[static_cast<size_t>(k - 1)][static_cast<size_t>(i)];
       ASSERT_LT(same, 5) << "step " << k << " repeated the previous step's numbers";
     }
   }
@@ -130,7 +133,8 @@ TEST(Rng, NamedStreamsAreIndependentAndAdvanceByTheirConsumption) {
   for (int k = 0; k < 3; ++k) f.rng.advance(work.get());
   std::vector<PhiloxSlot> slots(3);
   ASSERT_EQ(cudaStreamSynchronize(work.get()), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(slots.data(), f.rng.slots(), f.rng.slots_bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(slots.data(), f.rng.slots(), f.rng.slots_bytes(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   EXPECT_EQ(slots[0].seed, 1234u);
   EXPECT_EQ(slots[0].offset, 3u * 1u);
   EXPECT_EQ(slots[1].seed, 1234u + 2718u + 1u);

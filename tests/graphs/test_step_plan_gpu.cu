@@ -1,10 +1,11 @@
-// StepPlan on the device, on a toy training step (dropout forward, backward, SGD with a step counter):
-// none, layer and full modes give bit-identical weights, activations and counters after a neutral warm-up;
-// a moved argument is an error naming region and argument, and update() re-captures in place; shadow
-// verification passes on correct regions and catches a host value baked into a kernel at capture; a host
-// sync inside a region is refused with a clear message; per-graph statistics; the REPLAY_TRACE_ENQUEUE
-// report; shape keys (a ladder of lengths): one graph per key, every key bit-identical to eager, and a
-// replay at a key other than the selected shape is an error.
+// StepPlan on the device, on a toy training step (dropout forward, backward, SGD with a step
+// counter): none, layer and full modes give bit-identical weights, activations and counters after a
+// neutral warm-up; a moved argument is an error naming region and argument, and update()
+// re-captures in place; shadow verification passes on correct regions and catches a host value
+// baked into a kernel at capture; a host sync inside a region is refused with a clear message;
+// per-graph statistics; the REPLAY_TRACE_ENQUEUE report; shape keys (a ladder of lengths): one
+// graph per key, every key bit-identical to eager, and a replay at a key other than the selected
+// shape is an error.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -25,7 +26,8 @@ using test::DeviceBuffer;
 constexpr int kN = 4096;
 
 // h = x * w * mask / keep, mask from the region's RNG: a different mask every step.
-__global__ void forward_kernel(float* h, const float* x, const float* w, int n, RngArgs rng, float keep) {
+__global__ void forward_kernel(float* h, const float* x, const float* w, int n, RngArgs rng,
+                               float keep) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Philox4 r = rng_draw(rng, static_cast<uint64_t>(i / 4));
@@ -58,7 +60,9 @@ __global__ void scale_kernel(float* y, const float* x, float factor, int n) {
 
 constexpr int kBlocks = (kN + 255) / 256;
 
-bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+bool has(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
 
 // The toy model: buffers, RNG and the three regions. Fresh and identical for every mode.
 struct Toy {
@@ -78,8 +82,9 @@ struct Toy {
     plan = std::make_unique<StepPlan>("toy", options);
     plan->add_region({"layer0.fwd", RegionKind::kForwardLayer,
                       [this, dropout](cudaStream_t s, const RegionArgs& a) {
-                        forward_kernel<<<kBlocks, 256, 0, s>>>(a["h"].as<float>(DType::kFP32), a["x"].as<float>(DType::kFP32),
-                                                                a["w"].as<float>(DType::kFP32), kN, dropout, 0.75f);
+                        forward_kernel<<<kBlocks, 256, 0, s>>>(
+                            a["h"].as<float>(DType::kFP32), a["x"].as<float>(DType::kFP32),
+                            a["w"].as<float>(DType::kFP32), kN, dropout, 0.75f);
                         REPLAY_LAUNCH_CHECK();
                       },
                       [this] {
@@ -90,8 +95,9 @@ struct Toy {
                       }});
     plan->add_region({"layer0.bwd", RegionKind::kBackwardLayer,
                       [this](cudaStream_t s, const RegionArgs& a) {
-                        backward_kernel<<<kBlocks, 256, 0, s>>>(a["g"].as<float>(DType::kFP32), h.get(),
-                                                                 a["x"].as<float>(DType::kFP32), kN);
+                        backward_kernel<<<kBlocks, 256, 0, s>>>(a["g"].as<float>(DType::kFP32),
+                                                                h.get(),
+                                                                a["x"].as<float>(DType::kFP32), kN);
                         REPLAY_LAUNCH_CHECK();
                       },
                       [this] {
@@ -102,7 +108,8 @@ struct Toy {
                       }});
     plan->add_region({"optimizer", RegionKind::kOther,
                       [this](cudaStream_t s, const RegionArgs&) {
-                        sgd_kernel<<<kBlocks, 256, 0, s>>>(w.get(), g.get(), lr.get(), step.get(), kN);
+                        sgd_kernel<<<kBlocks, 256, 0, s>>>(w.get(), g.get(), lr.get(), step.get(),
+                                                           kN);
                         REPLAY_LAUNCH_CHECK();
                       },
                       [this] {
@@ -134,7 +141,8 @@ Result run(GraphMode mode, int steps, std::vector<std::vector<float>>* activatio
     if (activations) activations->push_back(toy.h.download());
   }
   Result r{toy.w.download(), toy.h.download(), toy.step.download(), std::vector<PhiloxSlot>(1)};
-  EXPECT_EQ(cudaMemcpy(r.slots.data(), toy.rng.slots(), sizeof(PhiloxSlot), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(r.slots.data(), toy.rng.slots(), sizeof(PhiloxSlot), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return r;
 }
 
@@ -145,13 +153,15 @@ TEST(StepPlan, WarmupIsNeutralAndEveryModeIsBitIdentical) {
   EXPECT_EQ(none.step[0], steps);
   EXPECT_EQ(none.slots[0].offset, static_cast<uint64_t>(steps));
   for (int k = 1; k < steps; ++k)
-    EXPECT_NE(activations[static_cast<size_t>(k)], activations[static_cast<size_t>(k - 1)]) << "dropout mask repeated at step " << k;
+    EXPECT_NE(activations[static_cast<size_t>(k)], activations[static_cast<size_t>(k - 1)])
+        << "dropout mask repeated at step " << k;
 
   for (GraphMode mode : {GraphMode::kLayer, GraphMode::kFull}) {
     const Result r = run(mode, steps);
     const std::string m = graph_mode_name(mode);
     EXPECT_EQ(r.step[0], steps) << m << ": warm-up steps leaked into the step counter";
-    EXPECT_EQ(r.slots[0].offset, static_cast<uint64_t>(steps)) << m << ": warm-up RNG use was not undone";
+    EXPECT_EQ(r.slots[0].offset, static_cast<uint64_t>(steps))
+        << m << ": warm-up RNG use was not undone";
     EXPECT_TRUE(test::bit_equal(m + " weights", none.w.data(), r.w.data(), none.w.size() * 4));
     EXPECT_TRUE(test::bit_equal(m + " activations", none.h.data(), r.h.data(), none.h.size() * 4));
   }
@@ -182,8 +192,8 @@ TEST(StepPlan, GraphsPerModeAndStatistics) {
   }
 }
 
-// REPLAY_TRACE_ENQUEUE: one stderr line a step (host enqueue time, units over 200 us), read when the plan is
-// made; the step's results do not change.
+// REPLAY_TRACE_ENQUEUE: one stderr line a step (host enqueue time, units over 200 us), read when
+// the plan is made; the step's results do not change.
 TEST(StepPlan, EnqueueTraceReportsEveryStepAndChangesNothing) {
   const int steps = 3;
   const Result plain = run(GraphMode::kLayer, steps);
@@ -193,10 +203,12 @@ TEST(StepPlan, EnqueueTraceReportsEveryStepAndChangesNothing) {
   const std::string err = testing::internal::GetCapturedStderr();
   ASSERT_EQ(unsetenv("REPLAY_TRACE_ENQUEUE"), 0);
   for (int k = 0; k < steps; ++k)
-    EXPECT_TRUE(has(err, "[replay graphs] step 'toy' #" + std::to_string(k) + " enqueued in ")) << err;
+    EXPECT_TRUE(has(err, "[replay graphs] step 'toy' #" + std::to_string(k) + " enqueued in "))
+        << err;
   EXPECT_FALSE(has(err, "#" + std::to_string(steps) + " ")) << err;
   EXPECT_TRUE(has(err, "units over 200 us:")) << err;
-  EXPECT_TRUE(test::bit_equal("traced weights", plain.w.data(), traced.w.data(), plain.w.size() * 4));
+  EXPECT_TRUE(
+      test::bit_equal("traced weights", plain.w.data(), traced.w.data(), plain.w.size() * 4));
   EXPECT_EQ(traced.step[0], steps);
 }
 
@@ -217,7 +229,8 @@ TEST(StepPlan, MovedArgumentIsAnErrorNamingRegionAndArgument) {
     }
     // update() re-captures the graphs whose arguments moved, in place: only a pointer changed.
     const std::vector<UpdateReport> reports = toy.plan->update(work.get());
-    ASSERT_EQ(reports.size(), mode == GraphMode::kLayer ? 2u : 1u);  // layer: forward and backward read x
+    ASSERT_EQ(reports.size(),
+              mode == GraphMode::kLayer ? 2u : 1u);  // layer: forward and backward read x
     for (const UpdateReport& r : reports) EXPECT_TRUE(r.in_place) << r.graph << ": " << r.reason;
     toy.plan->run_step(work.get());
     const VerifyReport v = toy.plan->verify_step(work.get());
@@ -269,9 +282,14 @@ TEST(StepPlan, VerificationCatchesAHostValueBakedAtCapture) {
   int64_t first = 0;
   while (hx[static_cast<size_t>(first)] == 0.0f) ++first;
   EXPECT_EQ(v.index, first);
-  EXPECT_EQ(v.eager_value, format_element(std::vector<float>{hx[static_cast<size_t>(first)] * 3.0f}.data(), DType::kFP32, 0));
-  EXPECT_EQ(v.graph_value, format_element(std::vector<float>{hx[static_cast<size_t>(first)] * 2.0f}.data(), DType::kFP32, 0));
-  EXPECT_TRUE(has(v.message(), "graph 'scale': output 'scale:y' differs at element")) << v.message();
+  EXPECT_EQ(v.eager_value,
+            format_element(std::vector<float>{hx[static_cast<size_t>(first)] * 3.0f}.data(),
+                           DType::kFP32, 0));
+  EXPECT_EQ(v.graph_value,
+            format_element(std::vector<float>{hx[static_cast<size_t>(first)] * 2.0f}.data(),
+                           DType::kFP32, 0));
+  EXPECT_TRUE(has(v.message(), "graph 'scale': output 'scale:y' differs at element"))
+      << v.message();
   // The step's results are the graphed ones.
   EXPECT_EQ(y.download()[static_cast<size_t>(first)], hx[static_cast<size_t>(first)] * 2.0f);
 }
@@ -293,15 +311,16 @@ TEST(StepPlan, HostSyncInsideARegionIsRefusedWithAClearMessage) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_TRUE(has(m, "graph 'sync'")) << m;
-    EXPECT_TRUE(has(m, "host synchronization during capture (cudaErrorStreamCaptureUnsupported)")) << m;
+    EXPECT_TRUE(has(m, "host synchronization during capture (cudaErrorStreamCaptureUnsupported)"))
+        << m;
   }
   EXPECT_FALSE(plan.prepared());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-
 // A step at two lengths (a ladder of 1024 and 4096 elements): y = x * w, then w -= lr * y over the
-// first n elements, n the selected rung's. The launches take n by value: each key's graph holds its own.
+// first n elements, n the selected rung's. The launches take n by value: each key's graph holds its
+// own.
 struct Ladder {
   static constexpr int kRungs[2] = {1024, kN};
   DeviceBuffer<float> x{test::random_uniform(kN, 5)}, w{test::random_uniform(kN, 6)}, y{kN};
@@ -316,7 +335,8 @@ struct Ladder {
     plan = std::make_unique<StepPlan>("ladder", options);
     plan->add_region({"layer0.fwd", RegionKind::kForwardLayer,
                       [this](cudaStream_t s, const RegionArgs&) {
-                        multiply_kernel<<<(n + 255) / 256, 256, 0, s>>>(y.get(), x.get(), w.get(), n);
+                        multiply_kernel<<<(n + 255) / 256, 256, 0, s>>>(y.get(), x.get(), w.get(),
+                                                                        n);
                         REPLAY_LAUNCH_CHECK();
                       },
                       [this] {
@@ -327,7 +347,8 @@ struct Ladder {
                       }});
     plan->add_region({"optimizer", RegionKind::kOther,
                       [this](cudaStream_t s, const RegionArgs&) {
-                        sgd_kernel<<<(n + 255) / 256, 256, 0, s>>>(w.get(), y.get(), lr.get(), step.get(), n);
+                        sgd_kernel<<<(n + 255) / 256, 256, 0, s>>>(w.get(), y.get(), lr.get(),
+                                                                   step.get(), n);
                         REPLAY_LAUNCH_CHECK();
                       },
                       [this] {
@@ -353,7 +374,8 @@ TEST(StepPlanShapeKeys, EveryKeyHasItsGraphsAndEveryModeIsBitIdentical) {
       ladder.plan->run_step(work.get(), key);
     }
     const std::string m = graph_mode_name(mode);
-    EXPECT_EQ(ladder.step.download()[0], 6) << m << ": warm-up at every key leaked into the counter";
+    EXPECT_EQ(ladder.step.download()[0], 6)
+        << m << ": warm-up at every key leaked into the counter";
     const std::vector<float> w = ladder.w.download();
     if (mode == GraphMode::kNone) {
       eager = w;
@@ -381,7 +403,8 @@ TEST(StepPlanShapeKeys, AReplayAtAnotherKeyThanTheSelectedShapeIsAnError) {
     ladder.plan->run_step(work.get(), 0);  // the shape is still rung 1's
     FAIL() << "replayed key 0's graph on rung 1's arguments";
   } catch (const Error& e) {
-    EXPECT_TRUE(has(e.what(), "graph 'layer0.fwd@n1024'") && has(e.what(), "argument 'x'")) << e.what();
+    EXPECT_TRUE(has(e.what(), "graph 'layer0.fwd@n1024'") && has(e.what(), "argument 'x'"))
+        << e.what();
   }
   EXPECT_THROW(ladder.plan->run_step(work.get(), 2), Error);  // no such key
   StepPlan twice("twice", StepPlanOptions(GraphMode::kNone));

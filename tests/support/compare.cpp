@@ -18,39 +18,39 @@ Tolerance tolerance(const std::string& key) {
       // key                          atol     rtol
       // Pointwise/norm bf16 outputs: fp32 math, one final rounding; rtol is twice the worst bf16
       // rounding error (2^-8 relative), atol covers values near zero.
-      {"layernorm.fwd.bf16",          {2e-3,   8e-3}},
-      {"layernorm.bwd.bf16",          {2e-3,   8e-3}},
-      {"layernorm.bwd_param.fp32",    {1e-4,   1e-4}},
-      {"rmsnorm.fwd.bf16",            {2e-3,   8e-3}},
-      {"rmsnorm.bwd.bf16",            {2e-3,   8e-3}},
-      {"rmsnorm.bwd_param.fp32",      {1e-4,   1e-4}},
-      {"stats.fp32",                  {1e-5,   1e-5}},
-      {"swiglu.fwd.bf16",             {2e-3,   8e-3}},
-      {"swiglu.bwd.bf16",             {2e-3,   8e-3}},
-      {"gelu.fwd.bf16",               {2e-3,   8e-3}},
-      {"gelu.bwd.bf16",               {2e-3,   8e-3}},
-      {"rope.fwd.bf16",               {2e-3,   8e-3}},
-      {"rope.bwd.bf16",               {2e-3,   8e-3}},
-      {"rope.table.fp32",             {1e-6,   0.0}},
-      {"dropout_residual.fwd.bf16",   {2e-3,   8e-3}},
-      {"dropout_residual.bwd.bf16",   {2e-3,   8e-3}},
+      {"layernorm.fwd.bf16", {2e-3, 8e-3}},
+      {"layernorm.bwd.bf16", {2e-3, 8e-3}},
+      {"layernorm.bwd_param.fp32", {1e-4, 1e-4}},
+      {"rmsnorm.fwd.bf16", {2e-3, 8e-3}},
+      {"rmsnorm.bwd.bf16", {2e-3, 8e-3}},
+      {"rmsnorm.bwd_param.fp32", {1e-4, 1e-4}},
+      {"stats.fp32", {1e-5, 1e-5}},
+      {"swiglu.fwd.bf16", {2e-3, 8e-3}},
+      {"swiglu.bwd.bf16", {2e-3, 8e-3}},
+      {"gelu.fwd.bf16", {2e-3, 8e-3}},
+      {"gelu.bwd.bf16", {2e-3, 8e-3}},
+      {"rope.fwd.bf16", {2e-3, 8e-3}},
+      {"rope.bwd.bf16", {2e-3, 8e-3}},
+      {"rope.table.fp32", {1e-6, 0.0}},
+      {"dropout_residual.fwd.bf16", {2e-3, 8e-3}},
+      {"dropout_residual.bwd.bf16", {2e-3, 8e-3}},
       {"dropout_residual.bwd_bias.fp32", {1e-4, 1e-4}},
-      {"embedding.fwd.bf16",          {1e-6,   5e-3}},
-      {"embedding.bwd.fp32",          {1e-4,   1e-4}},
-      {"cross_entropy.loss.fp32",     {1e-4,   1e-4}},
-      {"cross_entropy.bwd.bf16",      {1e-6,   5e-3}},
-      {"adamw.param.fp32",            {1e-6,   1e-6}},
-      {"adamw.state.fp32",            {1e-6,   1e-6}},
-      {"grad_norm.fp32",              {0.0,    1e-6}},
-      {"gemm.bf16",                   {2e-2,   1e-2}},
-      {"gemm.fp32",                   {1e-3,   1e-3}},
-      {"gemm.fp8",                    {1e-2,   1e-2}},
+      {"embedding.fwd.bf16", {1e-6, 5e-3}},
+      {"embedding.bwd.fp32", {1e-4, 1e-4}},
+      {"cross_entropy.loss.fp32", {1e-4, 1e-4}},
+      {"cross_entropy.bwd.bf16", {1e-6, 5e-3}},
+      {"adamw.param.fp32", {1e-6, 1e-6}},
+      {"adamw.state.fp32", {1e-6, 1e-6}},
+      {"grad_norm.fp32", {0.0, 1e-6}},
+      {"gemm.bf16", {2e-2, 1e-2}},
+      {"gemm.fp32", {1e-3, 1e-3}},
+      {"gemm.fp8", {1e-2, 1e-2}},
       // attention: atol is a fraction of the tensor's largest |ref| (test_attention_gpu.cpp)
-      {"attention.fwd.bf16",          {1e-2,   1e-2}},
-      {"attention.bwd.bf16",          {2e-2,   2e-2}},
-      {"attention.fwd.fp16",          {5e-3,   5e-3}},
-      {"attention.bwd.fp16",          {1e-2,   1e-2}},
-      {"attention.lse.fp32",          {5e-4,   5e-5}},
+      {"attention.fwd.bf16", {1e-2, 1e-2}},
+      {"attention.bwd.bf16", {2e-2, 2e-2}},
+      {"attention.fwd.fp16", {5e-3, 5e-3}},
+      {"attention.bwd.fp16", {1e-2, 1e-2}},
+      {"attention.lse.fp32", {5e-4, 5e-5}},
   };
   auto it = table.find(key);
   if (it == table.end()) throw std::invalid_argument("no tolerance for '" + key + "' in the table");
@@ -80,7 +80,8 @@ Tolerance tolerance(const std::string& key) {
   return ::testing::AssertionFailure()
          << what << ": " << failures << " of " << n << " elements outside atol " << tol.atol
          << " rtol " << tol.rtol << "; worst [" << worst << "] got " << got[worst] << " ref "
-         << ref[worst] << " err " << std::fabs(got[worst] - ref[worst]) << "; first:" << first.str();
+         << ref[worst] << " err " << std::fabs(got[worst] - ref[worst])
+         << "; first:" << first.str();
 }
 
 ::testing::AssertionResult all_close(const std::string& what, const std::vector<float>& got,
@@ -131,8 +132,12 @@ std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x) {
   return y;
 }
 
-std::vector<float> round_bf16(const std::vector<float>& x) { return from_bf16(to_bf16(x)); }
+std::vector<float> round_bf16(const std::vector<float>& x) {
+  return from_bf16(to_bf16(x));
+}
 
-std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+std::vector<double> to_double(const std::vector<float>& x) {
+  return {x.begin(), x.end()};
+}
 
 }  // namespace replay::test

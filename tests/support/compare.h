@@ -22,8 +22,9 @@ struct Tolerance {
 // An unknown key is a test bug and fails loudly.
 Tolerance tolerance(const std::string& key);
 
-// Passes when |got - ref| <= atol + rtol * |ref| for every element and nothing is NaN/Inf where ref is
-// finite. On failure: how many elements failed, the worst one (index, got, ref, error), the first few.
+// Passes when |got - ref| <= atol + rtol * |ref| for every element and nothing is NaN/Inf where ref
+// is finite. On failure: how many elements failed, the worst one (index, got, ref, error), the
+// first few.
 ::testing::AssertionResult all_close(const std::string& what, const float* got, const double* ref,
                                      size_t n, Tolerance tol);
 ::testing::AssertionResult all_close(const std::string& what, const std::vector<float>& got,
@@ -36,22 +37,25 @@ Tolerance tolerance(const std::string& key);
 std::vector<float> random_uniform(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 std::vector<float> random_normal(size_t n, uint64_t seed, float mean = 0.0f, float stddev = 1.0f);
 
-// Conversions between float and bf16 (round to nearest even), and rounding a float vector through bf16
-// so that references see exactly the inputs the GPU sees.
+// Conversions between float and bf16 (round to nearest even), and rounding a float vector through
+// bf16 so that references see exactly the inputs the GPU sees.
 std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x);
 std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x);
 std::vector<float> round_bf16(const std::vector<float>& x);
 std::vector<double> to_double(const std::vector<float>& x);
 
-// Owning device buffer for tests only (workloads use the Arena). Contents start as 0xFF bytes (NaN).
+// Owning device buffer for tests only (workloads use the Arena). Contents start as 0xFF bytes
+// (NaN).
 template <typename T>
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t n) : n_(n) {
-    if (cudaMalloc(&ptr_, n * sizeof(T) + 16) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    if (cudaMalloc(&ptr_, n * sizeof(T) + 16) != cudaSuccess)
+      throw std::runtime_error("cudaMalloc");
     // Synchronous set-up: the memset runs on the legacy stream, which replay's non-blocking streams
     // do not wait for, so wait here before anything else touches the buffer.
-    if (cudaMemset(ptr_, 0xFF, n * sizeof(T) + 16) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    if (cudaMemset(ptr_, 0xFF, n * sizeof(T) + 16) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
       throw std::runtime_error("cudaMemset");
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
@@ -63,7 +67,8 @@ class DeviceBuffer {
   size_t size() const { return n_; }
   void upload(const std::vector<T>& host) {
     // A pageable cudaMemcpy may return before its DMA lands: wait, as above.
-    if (cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) != cudaSuccess ||
+    if (cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) !=
+            cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess)
       throw std::runtime_error("cudaMemcpy H2D");
   }

@@ -49,8 +49,11 @@ MlpModel::MlpModel(const Context& ctx, const MlpShape& shape, uint64_t data_seed
     const int64_t in = l == 0 ? D : H;
     Layer layer;
     const std::string p = "layer" + std::to_string(l);
-    layer.weight = params_.add({p + ".weight", {H, in}, train::ParamInit::kNormal,
-                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))), true});
+    layer.weight = params_.add({p + ".weight",
+                                {H, in},
+                                train::ParamInit::kNormal,
+                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))),
+                                true});
     layer.bias = params_.add({p + ".bias", {H}, train::ParamInit::kZeros, 0.0f, false});
     GemmDesc fwd = linear(B, H, in, Epilogue::kBiasGeluAux);
     fwd.trans_b = true;
@@ -62,8 +65,11 @@ MlpModel::MlpModel(const Context& ctx, const MlpShape& shape, uint64_t data_seed
     if (l > 0) layer.dgrad = &gemms_.get(linear(B, in, H, Epilogue::kDGelu));
     layers_.push_back(layer);
   }
-  out_.weight = params_.add({"out.weight", {K, H}, train::ParamInit::kNormal,
-                             static_cast<float>(1.0 / std::sqrt(static_cast<double>(H))), true});
+  out_.weight = params_.add({"out.weight",
+                             {K, H},
+                             train::ParamInit::kNormal,
+                             static_cast<float>(1.0 / std::sqrt(static_cast<double>(H))),
+                             true});
   out_.bias = params_.add({"out.bias", {K}, train::ParamInit::kZeros, 0.0f, false});
   GemmDesc fwd = linear(B, K, H, Epilogue::kBias);
   fwd.trans_b = true;
@@ -294,7 +300,8 @@ int MlpModel::load_batch(cudaStream_t stream) {
   return 0;
 }
 
-// ---- Evaluation: the held-out loss ---------------------------------------------------------------
+// ---- Evaluation: the held-out loss
+// ---------------------------------------------------------------
 
 std::optional<train::EvalInfo> MlpModel::evaluation() const {
   train::EvalInfo e;
@@ -359,7 +366,8 @@ void MlpModel::load_eval_batch(cudaStream_t stream) {
 
 double MlpModel::end_eval(cudaStream_t stream) {
   float sum = 0;
-  REPLAY_CUDA_CHECK(cudaMemcpyAsync(&sum, eval_sum_.data, sizeof(sum), cudaMemcpyDeviceToHost, stream));
+  REPLAY_CUDA_CHECK(
+      cudaMemcpyAsync(&sum, eval_sum_.data, sizeof(sum), cudaMemcpyDeviceToHost, stream));
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
   return evaluated_ > 0 ? static_cast<double>(sum) / static_cast<double>(evaluated_) : NAN;
 }
@@ -368,7 +376,9 @@ double MlpModel::flops_per_step() const {
   return 6.0 * static_cast<double>(params_.total_numel()) * static_cast<double>(shape_.batch);
 }
 
-std::string MlpModel::flops_formula() const { return "6*N*samples (N: the parameters)"; }
+std::string MlpModel::flops_formula() const {
+  return "6*N*samples (N: the parameters)";
+}
 
 // ---- The workload ------------------------------------------------------------------------------
 
@@ -395,14 +405,19 @@ void MlpWorkload::resolve(const train::RunFlags& flags) {
   if (width_flag_ > 0) shape_.hidden = width_flag_;
   if (depth_flag_ > 0) shape_.layers = depth_flag_;
   if (shape_.hidden % 8 != 0)
-    throw bench::UsageError("--width: must be a multiple of 8, got " + std::to_string(shape_.hidden));
+    throw bench::UsageError("--width: must be a multiple of 8, got " +
+                            std::to_string(shape_.hidden));
 }
 
 nlohmann::ordered_json MlpWorkload::config() const {
-  return {{"inputs", shape_.inputs},       {"hidden", shape_.hidden},
-          {"layers", shape_.layers},       {"classes", shape_.classes},
-          {"batch", shape_.batch},         {"train_batches", shape_.train_batches},
-          {"eval_batches", shape_.eval_batches}, {"loss_scaling", loss_scaling_}};
+  return {{"inputs", shape_.inputs},
+          {"hidden", shape_.hidden},
+          {"layers", shape_.layers},
+          {"classes", shape_.classes},
+          {"batch", shape_.batch},
+          {"train_batches", shape_.train_batches},
+          {"eval_batches", shape_.eval_batches},
+          {"loss_scaling", loss_scaling_}};
 }
 
 train::TrainingConfig MlpWorkload::training() const {

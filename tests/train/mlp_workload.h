@@ -27,11 +27,11 @@
 namespace replay::example {
 
 struct MlpShape {
-  int64_t inputs = 64;    // D
-  int64_t hidden = 128;   // H
-  int64_t layers = 2;     // hidden layers L
-  int64_t classes = 16;   // K
-  int64_t batch = 256;    // B
+  int64_t inputs = 64;         // D
+  int64_t hidden = 128;        // H
+  int64_t layers = 2;          // hidden layers L
+  int64_t classes = 16;        // K
+  int64_t batch = 256;         // B
   int64_t train_batches = 32;  // the synthetic training split, in batches
   int64_t eval_batches = 4;    // the held-out split, in batches
 };

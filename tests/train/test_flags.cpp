@@ -28,7 +28,8 @@ struct OwnFlags {
 RunFlags parse(const std::vector<std::string>& args, OwnFlags* own = nullptr) {
   OwnFlags scratch;
   OwnFlags& o = own ? *own : scratch;
-  const auto f = parse_flags("tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); }, args);
+  const auto f = parse_flags(
+      "tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); }, args);
   EXPECT_TRUE(f.has_value());
   return f.value_or(RunFlags{});
 }
@@ -36,7 +37,8 @@ RunFlags parse(const std::vector<std::string>& args, OwnFlags* own = nullptr) {
 std::string usage_error(const std::vector<std::string>& args) {
   try {
     OwnFlags o;
-    parse_flags("tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); }, args);
+    parse_flags(
+        "tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); }, args);
   } catch (const bench::UsageError& e) {
     return e.what();
   }
@@ -63,13 +65,46 @@ TEST(RunFlags, DefaultsAndEveryFlag) {
   EXPECT_EQ(d.decay_steps, -1);
 
   OwnFlags own;
-  const RunFlags f = parse({"--preset", "big", "--graphs", "layer", "--steps", "7", "--warmup", "0",
-                            "--seed", "18446744073709551615", "--data", "d.h5", "--json", "r.json",
-                            "--mllog", "r.mllog", "--verify-graphs", "--host-delay-us", "12.5",
-                            "--log-interval", "2", "--device", "1", "--inject", "stale-input",
-                            "--eval-interval", "5", "--eval-samples", "64", "--lr", "0.001",
-                            "--min-lr", "1e-4", "--warmup-steps", "3", "--decay-steps", "900",
-                            "--print-config", "--width", "64"},
+  const RunFlags f = parse({"--preset",
+                            "big",
+                            "--graphs",
+                            "layer",
+                            "--steps",
+                            "7",
+                            "--warmup",
+                            "0",
+                            "--seed",
+                            "18446744073709551615",
+                            "--data",
+                            "d.h5",
+                            "--json",
+                            "r.json",
+                            "--mllog",
+                            "r.mllog",
+                            "--verify-graphs",
+                            "--host-delay-us",
+                            "12.5",
+                            "--log-interval",
+                            "2",
+                            "--device",
+                            "1",
+                            "--inject",
+                            "stale-input",
+                            "--eval-interval",
+                            "5",
+                            "--eval-samples",
+                            "64",
+                            "--lr",
+                            "0.001",
+                            "--min-lr",
+                            "1e-4",
+                            "--warmup-steps",
+                            "3",
+                            "--decay-steps",
+                            "900",
+                            "--print-config",
+                            "--width",
+                            "64"},
                            &own);
   EXPECT_EQ(f.preset, "big");
   EXPECT_EQ(f.graphs, "layer");
@@ -135,18 +170,20 @@ TEST(RunFlags, HelpPrintsEveryFlagAndReturnsNothing) {
   std::FILE* out = std::tmpfile();
   ASSERT_NE(out, nullptr);
   OwnFlags o;
-  EXPECT_FALSE(parse_flags("tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); },
-                           std::vector<std::string>{"--help"}, out)
+  EXPECT_FALSE(parse_flags(
+                   "tool", kPresets, "tiny", [&o](CLI::App& app) { o.add(app); },
+                   std::vector<std::string>{"--help"}, out)
                    .has_value());
   std::rewind(out);
   std::string text;
   for (int c; (c = std::fgetc(out)) != EOF;) text += static_cast<char>(c);
   std::fclose(out);
   for (const char* flag :
-       {"--preset", "--graphs", "--steps", "--warmup", "--seed", "--data", "--json", "--mllog",
-        "--verify-graphs", "--host-delay-us", "--log-interval", "--device", "--inject",
-        "--eval-interval", "--eval-samples", "--lr", "--min-lr", "--warmup-steps", "--decay-steps",
-        "--print-config", "--width"})
+       {"--preset",       "--graphs", "--steps",        "--warmup",        "--seed",
+        "--data",         "--json",   "--mllog",        "--verify-graphs", "--host-delay-us",
+        "--log-interval", "--device", "--inject",       "--eval-interval", "--eval-samples",
+        "--lr",           "--min-lr", "--warmup-steps", "--decay-steps",   "--print-config",
+        "--width"})
     EXPECT_TRUE(has(text, flag)) << flag << " missing from --help:\n" << text;
 }
 

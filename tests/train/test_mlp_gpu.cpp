@@ -19,8 +19,9 @@ namespace {
 
 train::RunResult run_mlp(const std::string& mode, const std::vector<std::string>& extra) {
   MlpWorkload w;
-  std::vector<std::string> args = {"--graphs", mode, "--seed", "77", "--steps", "24", "--warmup",
-                                   "2", "--log-interval", "8", "--eval-interval", "12"};
+  std::vector<std::string> args = {"--graphs",       mode, "--seed",          "77",
+                                   "--steps",        "24", "--warmup",        "2",
+                                   "--log-interval", "8",  "--eval-interval", "12"};
   if (mode != "none") args.push_back("--verify-graphs");
   args.insert(args.end(), extra.begin(), extra.end());
   const std::optional<train::RunFlags> f = train::parse(w, args);
@@ -66,17 +67,21 @@ void expect_modes(const std::vector<std::string>& extra) {
   EXPECT_EQ(full.report.graph_count, 1);
 }
 
-TEST(MlpWorkload, ModesAreBitIdenticalTheLossFallsAndEvaluationsAgree) { expect_modes({}); }
+TEST(MlpWorkload, ModesAreBitIdenticalTheLossFallsAndEvaluationsAgree) {
+  expect_modes({});
+}
 
-TEST(MlpWorkload, WithDynamicLossScalingToo) { expect_modes({"--loss-scaling"}); }
+TEST(MlpWorkload, WithDynamicLossScalingToo) {
+  expect_modes({"--loss-scaling"});
+}
 
 TEST(MlpWorkload, TheJsonSummaryCarriesTheEvaluations) {
   MlpWorkload w;
   const std::string json =
       ::testing::TempDir() + "mlp_summary_" + std::to_string(::getpid()) + ".json";
-  const std::optional<train::RunFlags> f = train::parse(
-      w, {"--graphs", "full", "--seed", "3", "--steps", "6", "--eval-interval", "3",
-          "--eval-samples", "512", "--json", json});
+  const std::optional<train::RunFlags> f =
+      train::parse(w, {"--graphs", "full", "--seed", "3", "--steps", "6", "--eval-interval", "3",
+                       "--eval-samples", "512", "--json", json});
   ASSERT_TRUE(f.has_value());
   train::RunOptions options;
   options.measure_peak = false;

@@ -44,26 +44,28 @@ TEST(LrScheduleGpu, DeviceFormulaMatchesHost) {
   rnnt.gamma = 0.915f;
 
   std::vector<int64_t> steps;  // StepScalars::step values (t >= 1)
-  for (int64_t t : {1, 2, 50, 99, 100, 101, 102, 999, 1000, 1001, 5000, 6000, 6001, 9999, 10000, 10001, 46000,
-                    46001, 47000, 60000, 200000, 1000000})
+  for (int64_t t : {1,    2,    50,   99,    100,   101,   102,   999,   1000,  1001,   5000,
+                    6000, 6001, 9999, 10000, 10001, 46000, 46001, 47000, 60000, 200000, 1000000})
     steps.push_back(t);
   DeviceBuffer<int64_t> d_steps(steps);
   DeviceBuffer<float> d_lr(steps.size());
   CaptureStream work;
   for (const LrSchedule* sc : {&cosine, &constant, &rnnt}) {
-    for (size_t i = 0; i < steps.size(); ++i) compute_lr(*sc, d_steps.get() + i, d_lr.get() + i, work.get());
+    for (size_t i = 0; i < steps.size(); ++i)
+      compute_lr(*sc, d_steps.get() + i, d_lr.get() + i, work.get());
     const std::vector<float> lr = d_lr.download();
     for (size_t i = 0; i < steps.size(); ++i) {
       const float host = lr_at(*sc, steps[i] - 1);
-      EXPECT_NEAR(lr[i], host, 2e-7f * std::fabs(host)) << "kind " << static_cast<int>(sc->kind) << " t " << steps[i];
+      EXPECT_NEAR(lr[i], host, 2e-7f * std::fabs(host))
+          << "kind " << static_cast<int>(sc->kind) << " t " << steps[i];
     }
   }
 }
 
-
-// grad = base * loss_scale, with +Inf in element 0 when *inject is set: what a scaled backward produces.
-__global__ void scaled_grad_kernel(float* grad, const float* base, const float* loss_scale, const int32_t* inject,
-                                   int n) {
+// grad = base * loss_scale, with +Inf in element 0 when *inject is set: what a scaled backward
+// produces.
+__global__ void scaled_grad_kernel(float* grad, const float* base, const float* loss_scale,
+                                   const int32_t* inject, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   grad[i] = base[i] * *loss_scale;
@@ -73,7 +75,8 @@ __global__ void scaled_grad_kernel(float* grad, const float* base, const float* 
 TEST(LossScaling, ScalerAndNoopOptimizerThroughOverflowAndRecoveryInOneGraph) {
   const int n = 40000;
   CaptureStream work, cap;
-  DeviceBuffer<float> master(test::random_uniform(n, 21)), base(test::random_uniform(n, 22, -1e-2f, 1e-2f));
+  DeviceBuffer<float> master(test::random_uniform(n, 21)),
+      base(test::random_uniform(n, 22, -1e-2f, 1e-2f));
   DeviceBuffer<float> grad(n), m(std::vector<float>(n, 0.0f)), v(std::vector<float>(n, 0.0f));
   DeviceBuffer<int32_t> inject(std::vector<int32_t>{0});
   DeviceBuffer<char> scalars_memory(sizeof(StepScalars));
@@ -100,27 +103,34 @@ TEST(LossScaling, ScalerAndNoopOptimizerThroughOverflowAndRecoveryInOneGraph) {
   FoundInfTableBuilder checks;
   checks.add(TensorView(grad.get(), DType::kFP32, {n}));
   DeviceBuffer<char> check_memory(checks.device_bytes());
-  const FoundInfTable check_table = checks.build(check_memory.get(), checks.device_bytes(), work.get());
+  const FoundInfTable check_table =
+      checks.build(check_memory.get(), checks.device_bytes(), work.get());
 
   init_step_scalars(s, scaler.init_scale, scaler.hysteresis, work.get());
   Graph step("scaled.step");
-  step.build(cap.get(), [&](cudaStream_t st) {
-    begin_step(s, st);
-    scaled_grad_kernel<<<(n + 255) / 256, 256, 0, st>>>(grad.get(), base.get(), &s->loss_scale, inject.get(), n);
-    REPLAY_LAUNCH_CHECK();
-    check_found_inf(check_table, &s->found_inf, st);
-    clip_grad_norm(norm_table, 1.0f, s, norm_workspace.get(), grad_norm_workspace_bytes(norm_table), st);
-    prepare_optimizer(schedule, s, st);
-    adamw_step(adam_table, AdamWHyper{}, &s->lr, &s->step, &s->grad_scale, &s->noop, st);
-    end_step(s, &scaler, st);
-  }, work.get());
+  step.build(
+      cap.get(),
+      [&](cudaStream_t st) {
+        begin_step(s, st);
+        scaled_grad_kernel<<<(n + 255) / 256, 256, 0, st>>>(grad.get(), base.get(), &s->loss_scale,
+                                                            inject.get(), n);
+        REPLAY_LAUNCH_CHECK();
+        check_found_inf(check_table, &s->found_inf, st);
+        clip_grad_norm(norm_table, 1.0f, s, norm_workspace.get(),
+                       grad_norm_workspace_bytes(norm_table), st);
+        prepare_optimizer(schedule, s, st);
+        adamw_step(adam_table, AdamWHyper{}, &s->lr, &s->step, &s->grad_scale, &s->noop, st);
+        end_step(s, &scaler, st);
+      },
+      work.get());
 
   StepScalars host{};
   host.loss_scale = scaler.init_scale;
   host.grad_scale = 1.0f;
   host.hysteresis_left = scaler.hysteresis;
   std::vector<float> before = master.download();
-  // finite, overflow (tolerated), overflow (backs off), three finite (grows back), overflow, finite.
+  // finite, overflow (tolerated), overflow (backs off), three finite (grows back), overflow,
+  // finite.
   const int overflow[] = {0, 1, 1, 0, 0, 0, 1, 0};
   for (int k = 0; k < 8; ++k) {
     ASSERT_EQ(cudaMemcpy(inject.get(), &overflow[k], 4, cudaMemcpyHostToDevice), cudaSuccess);
@@ -146,18 +156,19 @@ TEST(LossScaling, ScalerAndNoopOptimizerThroughOverflowAndRecoveryInOneGraph) {
 
     const std::vector<float> after = master.download();
     if (overflow[k]) {
-      EXPECT_TRUE(test::bit_equal(at + ": skipped step left the weights", before.data(), after.data(), after.size() * 4));
+      EXPECT_TRUE(test::bit_equal(at + ": skipped step left the weights", before.data(),
+                                  after.data(), after.size() * 4));
     } else {
       EXPECT_NE(before, after) << at << ": a finite step must update the weights";
       for (float w : after) ASSERT_TRUE(std::isfinite(w)) << at;
     }
     before = after;
   }
-  EXPECT_EQ(host.step, 5);              // five finite steps
-  EXPECT_EQ(host.loss_scale, 1024.0f);  // 1024 -> 512 (backoff) -> 1024 (growth); the last overflow tolerated
+  EXPECT_EQ(host.step, 5);  // five finite steps
+  EXPECT_EQ(host.loss_scale,
+            1024.0f);  // 1024 -> 512 (backoff) -> 1024 (growth); the last overflow tolerated
   EXPECT_EQ(host.hysteresis_left, 1);
 }
-
 
 }  // namespace
 }  // namespace replay::train

@@ -29,7 +29,8 @@ TEST(LrSchedule, WarmupCosineKnownValues) {
   EXPECT_FLOAT_EQ(lr_at(sc, 60), 0.55f);
   EXPECT_FLOAT_EQ(lr_at(sc, 110), 0.1f);
   EXPECT_FLOAT_EQ(lr_at(sc, 100000), 0.1f);
-  for (int64_t s = 11; s < 110; ++s) EXPECT_LT(lr_at(sc, s), lr_at(sc, s - 1)) << "decays monotonically at " << s;
+  for (int64_t s = 11; s < 110; ++s)
+    EXPECT_LT(lr_at(sc, s), lr_at(sc, s - 1)) << "decays monotonically at " << s;
 }
 
 TEST(LrSchedule, WarmupConstantKnownValues) {
@@ -58,9 +59,9 @@ TEST(LrSchedule, RnntWarmupHoldExponentialDecayKnownValues) {
   EXPECT_FLOAT_EQ(lr_at(sc, 19), static_cast<float>(20.0 / 21.0));
   EXPECT_FLOAT_EQ(lr_at(sc, 20), 1.0f);
   EXPECT_FLOAT_EQ(lr_at(sc, 49), 1.0f);
-  EXPECT_FLOAT_EQ(lr_at(sc, 50), 0.5f);   // epoch 6: gamma^1
+  EXPECT_FLOAT_EQ(lr_at(sc, 50), 0.5f);  // epoch 6: gamma^1
   EXPECT_FLOAT_EQ(lr_at(sc, 59), 0.5f);
-  EXPECT_FLOAT_EQ(lr_at(sc, 60), 0.25f);  // epoch 7: gamma^2
+  EXPECT_FLOAT_EQ(lr_at(sc, 60), 0.25f);    // epoch 7: gamma^2
   EXPECT_FLOAT_EQ(lr_at(sc, 1000), 0.01f);  // clamped at min_lr
 }
 
@@ -163,7 +164,6 @@ TEST(StepScalars, PrepareOptimizerSkipsOnOverflow) {
   EXPECT_EQ(s.step, 2);
   EXPECT_FLOAT_EQ(s.lr, 1.0f);
 }
-
 
 }  // namespace
 }  // namespace replay::train

@@ -49,8 +49,7 @@ ref::EmbeddingDims embedding_dims(int64_t batch, int64_t seq, int64_t hidden, in
   return e;
 }
 
-CrossEntropy cross_entropy(const Vec& logits, const int32_t* targets, int64_t rows,
-                           int64_t vocab) {
+CrossEntropy cross_entropy(const Vec& logits, const int32_t* targets, int64_t rows, int64_t vocab) {
   CrossEntropy ce;
   ce.stats.resize(static_cast<size_t>(rows));
   ref::cross_entropy_stats(ce.stats.data(), logits.data(), targets, rows, vocab, 0);

@@ -36,8 +36,7 @@ struct CrossEntropy {
   int64_t count = 0;
   double loss = 0;
 };
-CrossEntropy cross_entropy(const Vec& logits, const int32_t* targets, int64_t rows,
-                           int64_t vocab);
+CrossEntropy cross_entropy(const Vec& logits, const int32_t* targets, int64_t rows, int64_t vocab);
 // dloss/dlogits for dloss = 1.
 Vec cross_entropy_dlogits(const CrossEntropy& ce, const Vec& logits, const int32_t* targets,
                           int64_t rows, int64_t vocab);

@@ -23,8 +23,7 @@ namespace replay::gpt3 {
 namespace {
 
 TEST(Gpt3Modes, LossesAndWeightsAreBitIdenticalAcrossModesAndTheLossFalls) {
-  test::expect_modes_bit_identical_and_loss_falls(recipe(),
-                                                  {"--steps", "12", "--dropout", "0.1"});
+  test::expect_modes_bit_identical_and_loss_falls(recipe(), {"--steps", "12", "--dropout", "0.1"});
 }
 
 TEST(Gpt3Modes, GradientAccumulationIsBitIdenticalAcrossModes) {

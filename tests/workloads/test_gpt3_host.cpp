@@ -86,9 +86,9 @@ TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
   EXPECT_EQ(w.shape().dropout, 0.0f);
 
   transformer::TransformerWorkload t(recipe());
-  const train::RunFlags g = test::resolved(t, {"--preset", "175b-tp4", "--graphs", "layer",
-                                               "--dropout", "0.1", "--seed", "9",
-                                               "--microbatches", "2"});
+  const train::RunFlags g =
+      test::resolved(t, {"--preset", "175b-tp4", "--graphs", "layer", "--dropout", "0.1", "--seed",
+                         "9", "--microbatches", "2"});
   EXPECT_EQ(t.shape().layers, 0) << "175B layers come from the memory budget";
   EXPECT_FLOAT_EQ(t.shape().dropout, 0.1f);
   EXPECT_EQ(g.seed, 9u);

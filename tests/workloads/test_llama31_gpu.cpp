@@ -37,7 +37,8 @@ TEST(Llama31Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
 
 TEST(Llama31Reference, OneStepMatchesTheCpuModel) {
   transformer::TransformerWorkload w(recipe());
-  const train::RunFlags f = test::resolved(w, test::tiny_args({"--graphs", "none", "--warmup", "0"}));
+  const train::RunFlags f =
+      test::resolved(w, test::tiny_args({"--graphs", "none", "--warmup", "0"}));
   const transformer::TransformerShape& sh = w.shape();
   test::LlamaDims d;
   d.batch = sh.micro_batch, d.seq = sh.seq, d.hidden = sh.hidden, d.heads = sh.heads;

@@ -129,7 +129,8 @@ TEST(Llama31Settings, ResolveFillsThePresetAndTheMicroBatches) {
                   static_cast<float>(8e-5 * 4 / 1152));
   EXPECT_EQ(w.config()["kv_heads"], 1);
   transformer::TransformerWorkload t(recipe());
-  const train::RunFlags g = test::resolved(t, {"--preset", "tiny", "--layers", "3", "--graphs", "full"});
+  const train::RunFlags g =
+      test::resolved(t, {"--preset", "tiny", "--layers", "3", "--graphs", "full"});
   EXPECT_EQ(t.shape().layers, 3);
   EXPECT_EQ(g.graphs, "full");
   transformer::TransformerWorkload u(recipe());

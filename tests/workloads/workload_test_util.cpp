@@ -39,10 +39,9 @@ train::RunFlags resolved(train::Workload& w, const std::vector<std::string>& arg
 }
 
 std::vector<std::string> tiny_args(const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {"--preset",       "tiny", "--seed",   "4242", "--log-interval",
-                                   "4",              "--lr", "1e-3",     "--min-lr",
-                                   "1e-4",           "--warmup-steps",   "2",
-                                   "--decay-steps", "1000"};
+  std::vector<std::string> args = {
+      "--preset", "tiny", "--seed",         "4242", "--log-interval", "4",   "--lr", "1e-3",
+      "--min-lr", "1e-4", "--warmup-steps", "2",    "--decay-steps",  "1000"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -150,7 +149,8 @@ void expect_one_step_matches(transformer::TransformerWorkload& w, const train::R
   Context ctx;
   w.open_data(f, stdout);
   const train::TrainingConfig training = train::training_config(w, f);
-  std::unique_ptr<transformer::TransformerModel> model = w.build_model(ctx, training, f.seed, stdout);
+  std::unique_ptr<transformer::TransformerModel> model =
+      w.build_model(ctx, training, f.seed, stdout);
   train::TrainerOptions options;
   options.mode = graphs::GraphMode::kNone;
   options.warmup = 0;

@@ -49,7 +49,8 @@ void expect_accumulation_bit_identical(const transformer::Recipe& r,
                                        const std::vector<std::string>& args, ModeRuns* runs);
 
 // Two runs bit for bit the same: losses, model weights and fp32 master weights.
-void expect_identical(const train::RunResult& a, const train::RunResult& b, const std::string& what);
+void expect_identical(const train::RunResult& a, const train::RunResult& b,
+                      const std::string& what);
 
 // The fp64 CPU model of a shard: its parameter layout (ParamStore order) and one backward pass
 // (parameters in, loss out, every parameter's gradient and the embedding-output gradient filled).

@@ -80,8 +80,7 @@ const transformer::Recipe& recipe() {
       "Llama 3.1 405B",
       kModelLayers,
       {
-          {{"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model",
-            20},
+          {{"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model", 20},
            tiny()},
           {{"405b-tp8",
             "Llama 3.1 405B, one GPU of NVIDIA's H100 layout (TP8, micro-batch 1, sequence 8192)",

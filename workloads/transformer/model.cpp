@@ -290,8 +290,8 @@ void Transformer::norm_forward(bf16* out, const TensorView& mean, const TensorVi
   const int64_t M = shape_.tokens();
   const int C = static_cast<int>(shape_.hidden);
   if (layernorm())
-    layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, weight(gamma),
-                      weight(beta), M, C, shape_.norm_eps, s);
+    layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, weight(gamma), weight(beta), M, C,
+                      shape_.norm_eps, s);
   else
     rmsnorm_forward(out, ptr<float>(rstd), x, weight(gamma), M, C, shape_.norm_eps, s);
 }
@@ -362,8 +362,7 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
 
   norm_forward(ptr<bf16>(a.h1), a.ln1_mean, a.ln1_rstd, x, p.ln1_gamma, p.ln1_beta, s);
   GemmArgs qkv;
-  qkv.a = a.h1.data, qkv.b = weight(p.qkv_weight), qkv.d = a.qkv.data,
-  qkv.bias = bias(p.qkv_bias);
+  qkv.a = a.h1.data, qkv.b = weight(p.qkv_weight), qkv.d = a.qkv.data, qkv.bias = bias(p.qkv_bias);
   gemm(qkv_.forward, qkv, s);
   if (rope()) rope_apply(a.qkv.data, false, s);
   const AttentionDesc& ad = attention_->desc();

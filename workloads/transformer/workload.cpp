@@ -143,7 +143,8 @@ void TransformerWorkload::resolve(const train::RunFlags& flags) {
   for (const Preset& p : recipe_.presets)
     if (p.info.name == flags.preset) preset = &p;
   REPLAY_REQUIRE(preset != nullptr, "the driver resolves known presets only");
-  if (dropout_flag_ == 1.0) throw bench::UsageError("--dropout: must be below 1 (1 drops everything)");
+  if (dropout_flag_ == 1.0)
+    throw bench::UsageError("--dropout: must be below 1 (1 drops everything)");
   shape_ = preset->shape;
   if (layers_flag_ > recipe_.model_layers)
     throw bench::UsageError(std::string("--layers: ") + recipe_.model + " has " +

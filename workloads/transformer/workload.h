@@ -62,8 +62,9 @@ data::MarkovDatasetParams dataset_params(const TransformerShape& shape);
 // is fixed, so the default is the same on an H100 and an H200.
 constexpr size_t kMemoryBudgetBytes = (size_t{80} - 6) << 30;
 
-// The library plans of a run (cuBLASLt, cuDNN), shared by the models planned while the memory budget
-// is searched and kept by the one that runs. They must not outlive the Context that built them.
+// The library plans of a run (cuBLASLt, cuDNN), shared by the models planned while the memory
+// budget is searched and kept by the one that runs. They must not outlive the Context that built
+// them.
 struct PlanCaches {
   explicit PlanCaches(const Context& ctx) : gemms(ctx) {}
   GemmCache gemms;
@@ -78,7 +79,8 @@ class TransformerModel : public train::Model {
   // Plans the model (set-up, no device memory).
   TransformerModel(const Context& ctx, const TransformerShape& shape, int microbatches,
                    std::shared_ptr<PlanCaches> caches);
-  // The batches it trains on (before the first load_batch); `loss_floor` is the data's (NaN: unknown).
+  // The batches it trains on (before the first load_batch); `loss_floor` is the data's (NaN:
+  // unknown).
   void set_data(data::TokenFile file, uint64_t seed, double loss_floor);
 
   Transformer& transformer() { return transformer_; }
