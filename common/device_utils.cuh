@@ -17,11 +17,9 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
 // Sixteen bytes of T, loaded and stored with one 128-bit access. Pointers must be 16-byte aligned.
 //
 // Cache hints, for a kernel that reads one stream and writes another: streaming loads with plain
-// stores were the slowest pairing in a copy, the dropout and the cross-entropy backward (H200, 2 x
-// 50 MB a call, in a stream of calls; reports/h200/2026-11-22/cache_hints). Streaming loads with
-// streaming stores, or L2-only loads with plain stores, took 0.7-1.4 us less; which of the two is
-// faster depends on the kernel. The LayerNorm backward was 0.25 us slower with streaming stores
-// (norms.cu).
+// stores are the slowest pairing, so a kernel pairs streaming loads with streaming stores, or
+// L2-only loads with plain stores, whichever is faster for it, and the norm backward (norms.cu)
+// keeps plain stores (measured: reports/RESULTS.md, Cache hints for the streaming kernels).
 template <typename T>
 struct alignas(16) Pack128 {
   static constexpr int kSize = 16 / sizeof(T);

@@ -1,10 +1,9 @@
 // activations.cu: SwiGLU and GeLU kernels (see activations.h). One 16-byte pack (8 values) per
 // thread: memory-bound, so the only goals are full-width loads and stores and enough threads in
-// flight. Streaming loads pair with streaming stores (device_utils.cuh, Pack128): against plain
-// stores, SwiGLU at 8192 x 6656 on an H200 in a stream of calls took 75.8 instead of 79.4 us
-// forward and 127.4 instead of 133.2 backward (reports/h200/2026-11-22/cache_hints). GeLU follows
-// the same pairing unmeasured: no workload runs it (the GPT-3 MLP takes GeLU from its GEMM's
-// epilogue) and no benchmark times it.
+// flight. Streaming loads pair with streaming stores (device_utils.cuh, Pack128), because streaming
+// loads with plain stores are the slowest pairing (measured: reports/RESULTS.md, Cache hints for
+// the streaming kernels). GeLU follows the same pairing unmeasured: no workload runs it (the GPT-3
+// MLP takes GeLU from its GEMM's epilogue) and no benchmark times it.
 #include "common/kernels/activations.h"
 
 #include <cstdint>

@@ -17,8 +17,8 @@ namespace {
 // threads x 8 packs cover 16384 logits, so a GPT-3 shard row (12576 logits, 25 KB) is one chunk,
 // and an SM with four such blocks has ~100 KB of loads in flight. Rows wider than a chunk take
 // several. The logits are read with streaming loads and the gradient packs written with streaming
-// stores: with plain stores instead, the GPT-3 shard took 29.5 instead of 28.3 us on an H200 in a
-// stream of calls (reports/h200/2026-11-22/cache_hints).
+// stores, because streaming loads with plain stores are the slowest pairing (measured:
+// reports/RESULTS.md, Cache hints for the streaming kernels).
 constexpr int kRowThreads = 256;
 constexpr int kChunkPacks = 8;
 constexpr int kRowBlocksPerSM = 4;  // register cap (64) for four rows in flight per SM
@@ -28,8 +28,8 @@ constexpr int kRowBlocksPerSM = 4;  // register cap (64) for four rows in flight
 // the loop has no branch (exp2(-inf) adds 0). kP is 4, 5 or 8, whichever pads least (GPT-3's
 // 1572-pack shard row: 5 x 320 threads, 28 padded; Llama's 2004: 8 x 256, 44). At 40 registers
 // (kP <= 5) five such blocks share an SM, 1600 threads with up to 125 KB of loads in flight,
-// where 256 threads of 8 packs ran four (1024 threads, 100 KB): 2048 x 12576 logits on an H200
-// took 19.2 instead of 22.1 us in Nsight Compute, for about as many instructions (9.2M vs 8.6M).
+// where 256 threads of 8 packs ran four (1024 threads, 100 KB): more loads in flight, and a faster
+// kernel for about as many instructions (measured: reports/RESULTS.md, The cross-entropy forward).
 constexpr int kStatsMaxThreads = 512;
 constexpr int kMeanThreads = 512;  // the single block that sums the row losses
 
@@ -119,8 +119,7 @@ __device__ __forceinline__ float pack_element(uint4 w, int k) {
 // Every thread loads the row's target with its packs (one broadcast a warp), and the thread that
 // holds the target's logit in its registers leaves it in shared memory: a separate load of that
 // logit must wait for the target, two memory latencies in a row that the block's barrier then
-// waits for (2048 x 12576 logits with valid targets on an H200, in a stream of calls: 16.9 us
-// that way, 15.3 us this way).
+// waits for (measured: reports/RESULTS.md, The cross-entropy forward).
 template <int kP>
 __global__ void __launch_bounds__(kStatsMaxThreads, kP <= 5 ? 3 : 2)
     cross_entropy_stats_kernel(float* __restrict__ stats, float* __restrict__ row_loss,

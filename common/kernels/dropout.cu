@@ -8,28 +8,20 @@
 //
 // The runs interleave: with Q runs over the grid, run q takes rows q, q + Q, q + 2Q, ... So at any
 // moment the whole grid works in one window of about Q x batch consecutive rows, and no run has
-// more than one row more than another. Against contiguous runs of ceil(rows / Q) rows (2048 rows
-// in 88 runs of 24, the last 8 runs short or empty), side by side on an H200 at 2048 x 12288 in a
-// stream of calls, the forward went from 39.6-40.3 to 38.4-38.9 us, the backward without dbias
-// from 28.2-28.5 to 27.7-27.9 us and with dbias from 30.0-30.3 to 29.8-30.2 us
-// (reports/h200/2026-11-22/dropout_row_order).
+// more than one row more than another; contiguous runs of ceil(rows / Q) rows, whose last runs are
+// short or empty, streamed slower (measured: reports/RESULTS.md, The dropout's row order).
 //
 // The backward's blocks stack kBwdLanes such runs on the same packs (threadIdx.y) and add their
 // dbias partials in shared memory before writing one partial row a block: a quarter of the
-// partial bytes, and a quarter of the rows for column_sums to add. Side by side on an H200 at 2048
-// x 12288, in a stream of calls, that took the backward with dbias from 32.2 to 31.0 us (without
-// dbias, the same blocks: 28.8 -> 29.1 us). Finishing dbias inside the kernel instead (the last
-// block of a column tile adding the tile's partial rows, or every block after a grid barrier) was
-// about 3 us slower than column_sums. Giving each block, or each cluster, whole columns of every
-// row needs no partial rows at all, but its narrow row slices (192 or 384 bytes) stream 2.4-2.6 us
-// slower: with dbias the blocks came out level with this kernel and the clusters 1.1 us slower
-// (same folder, and reports/h200/2026-11-22/cache_hints).
+// partial bytes, and a quarter of the rows for column_sums to add. dbias is finished by
+// column_sums, because finishing it inside the kernel (a ticket or a grid barrier) was slower, and
+// giving each block or cluster whole columns of every row, which needs no partial rows, leaves
+// narrow row slices that stream slower (measured: reports/RESULTS.md, The dropout backward).
 //
-// Row data is loaded through L2 only (ld.global.cg) and stored plainly. Against streaming loads
-// (ld.global.cs) with the same stores, side by side on an H200 at 2048 x 12288 in a stream of
-// calls, that took the backward with dbias from 31.35 to 29.99 us and the forward from 42.1 to 39.8
-// us (reports/h200/2026-11-22/cache_hints). Non-coherent loads (ld.global.nc) were as fast, but dx
-// may alias dout and out may alias x or residual, which .nc does not allow.
+// Row data is loaded through L2 only (ld.global.cg) and stored plainly, the fastest pairing of
+// hints here; streaming loads (ld.global.cs) with plain stores were the slowest. Non-coherent loads
+// (ld.global.nc) were as fast, but dx may alias dout and out may alias x or residual, which .nc
+// does not allow (measured: reports/RESULTS.md, Cache hints for the streaming kernels).
 //
 // At GPT-3 sizes the Philox arithmetic (two Philox4x32-10 blocks, about 80 integer instructions
 // per 8 elements, ~150 instructions per 8 elements in all) takes about half the memory time, so

@@ -22,10 +22,8 @@
 // registers and the dgamma/dbeta contributions accumulate in registers. The accumulators
 // (2 * C / T a thread for LayerNorm) rule out several blocks per SM, so the rows are streamed into
 // a ring of shared-memory stages with cp.async, `stages - 1` rows ahead (at least 48 KB in flight
-// per SM: one row ahead for wide rows), and loads stay in flight while the block reduces and
-// writes. Deeper rings were slower: on an H200, side by side in a stream of calls, two rows ahead
-// instead of one took 45.7 instead of 45.2 us for LayerNorm at 2048 x 12288 and 221.3 instead of
-// 220.2 us for RMSNorm at 8192 x 16384. A thread reads back only the packs it copied itself, so
+// per SM: one row ahead for wide rows, because deeper rings were slower), and loads stay in flight
+// while the block reduces and writes. A thread reads back only the packs it copied itself, so
 // the ring needs no barrier; a row's LayerNorm statistics come with it (see ring_issue). Pass 1
 // reads x and dout from the ring and forms the two row sums and the parameter gradients; pass 2
 // re-reads them (recomputing costs less than holding them in registers) and writes
@@ -33,7 +31,8 @@
 // cluster (two, where every pair fits on the device at once) add their sums through
 // distributed shared memory and write one partial row, which column_sums adds in a fixed order as
 // a programmatic dependent launch: half the bytes of a partial row a block (13 MB at C = 12288),
-// written when nothing is left to overlap them (2048 x 12288 on an H200: 49.7 -> 47.3 us).
+// written when nothing is left to overlap them (measured: reports/RESULTS.md, The LayerNorm
+// backward).
 #include "common/kernels/norms.h"
 
 #include <algorithm>
@@ -72,8 +71,8 @@ __host__ __device__ constexpr int fwd_min_blocks(int ppt) {
 // Backward threads per row, at most. 512 threads may use 128 registers, which hold four packs' 64
 // LayerNorm accumulators. With up to two packs a thread (32 accumulators), 768 threads fit in 85
 // registers: with one block an SM, the warps are what hides the latency of a row's two passes and
-// its reduction, and C = 12288 runs 768 threads of 2 packs rather than 384 of 4 (58 -> 52 us for
-// 2048 rows on an H200: ~1.7 instead of ~1.2 instructions issued a cycle).
+// its reduction, so C = 12288 runs 768 threads of 2 packs rather than 384 of 4, whose fewer warps
+// issue fewer instructions a cycle (measured: reports/RESULTS.md, The LayerNorm backward).
 constexpr int kMaxBwdThreads = 512;
 constexpr int kMaxBwdThreadsNarrow = 768;
 __host__ __device__ constexpr int bwd_max_threads(int ppt) {
@@ -115,10 +114,10 @@ __device__ __forceinline__ Pairs load_param(const bf16* v, int p) {  // gamma/be
 }
 
 // The forward streams its output rows out as it streams its input rows in (device_utils.cuh,
-// Pack128): against plain stores, on an H200 in a stream of calls, LayerNorm 2048 x 12288 took 27.0
-// instead of 28.6 us and RMSNorm 8192 x 16384 130.0 instead of 135.6. The backward keeps plain
-// stores: streamed, the LayerNorm backward, just at its target, took 44.5 instead of 44.2 us,
-// though the RMSNorm backward took 217.4 instead of 219.0 (reports/h200/2026-11-22/cache_hints).
+// Pack128), because streaming loads with plain stores are the slowest pairing. The backward keeps
+// plain stores: streamed, they slowed the LayerNorm backward, which is just at its target, though
+// they sped up the RMSNorm backward (measured: reports/RESULTS.md, Cache hints for the streaming
+// kernels).
 __device__ __forceinline__ void store_stream(bf16* row, int p, const Pairs& v) {  // write once
   __stcs(reinterpret_cast<uint4*>(row) + p, *reinterpret_cast<const uint4*>(v.w));
 }
@@ -348,9 +347,9 @@ __device__ __forceinline__ void cp_async_wait(int pending) {
 // For LayerNorm, lane 0 also copies the row's mean and rstd to its warp's pair of floats at
 // stat_w, which the warp reads after the wait and a __syncwarp. (Loaded into registers, even a
 // row ahead, they are waited for where the compiler moves them, to uniform registers at once:
-// every warp stalled on a DRAM round trip at the start of every row, ~25% of its time: 59.3
-// instead of 49.7 us at 2048 x 12288 on an H200. For RMSNorm, whose warps have twice the work
-// a row, the copy measured no faster at 8192 x 16384, so it loads its rstd.)
+// every warp stalled on a DRAM round trip at the start of every row. For RMSNorm, whose warps have
+// twice the work a row, the copy was no faster, so it loads its rstd. Measured: reports/RESULTS.md,
+// The LayerNorm backward.)
 template <bool kLayerNorm, int kPpt, bool kFull>
 __device__ __forceinline__ void ring_issue(uint32_t slot_t, uint32_t stat_w, int64_t row,
                                            int64_t rows, int C, const bf16* const (&src_t)[3],
@@ -727,7 +726,8 @@ RingPlan plan_ring(Kernel kernel, int device, int64_t rows, const RowSplit& spli
   plan.smem = plan.stages * slot_bytes;
   // The fewest blocks that walk no more rows each than `resident` blocks (one wave) would: 2048
   // rows on 132 SMs run 128 blocks of 16 rows, not 68 of 16 and 64 of 15, whose last row would
-  // stream on 68 SMs, short of the device's bandwidth (C = 12288 on an H200: 47.3 -> 46.3 us).
+  // stream on 68 SMs, short of the device's bandwidth (measured: reports/RESULTS.md, The LayerNorm
+  // backward).
   const int64_t resident = device_attribute(cudaDevAttrMultiProcessorCount, device) * int64_t{b};
   plan.blocks = static_cast<int>(ceil_div(rows, ceil_div(rows, resident)));
   return pick_cluster(kernel, plan, resident, sums_bytes);
