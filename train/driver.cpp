@@ -153,7 +153,6 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   mllog.start(k::kInitStart);
 
   // The model and the arena.
-  const LaunchDelayScope delay(f.host_delay_us);
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
   TrainerOptions topt;
   topt.mode = graphs::parse_graph_mode(f.graphs);
@@ -175,8 +174,14 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // The MLPerf configuration.
   const std::optional<EvalInfo> eval = model->evaluation();
+  REPLAY_REQUIRE(f.eval_interval == 0 || eval.has_value(),
+                 info.tool + " says it evaluates, but its model has no evaluation");
   const int64_t eval_samples =
       f.eval_interval == 0 ? 0 : (f.eval_samples > 0 ? f.eval_samples : eval->default_samples);
+  if (f.eval_interval > 0 && eval_samples > eval->available_samples)
+    throw bench::UsageError("--eval-samples: the held-out split has " +
+                            std::to_string(eval->available_samples) + " samples, " +
+                            std::to_string(eval_samples) + " asked");
   mllog.event(k::kSubmissionBenchmark, info.mllog_benchmark);
   mllog.event(k::kSubmissionOrg, "replay");
   mllog.event(k::kSubmissionPlatform, "1x" + std::string(ctx.props().name));
@@ -188,7 +193,9 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   w.log_config(mllog, *model, training);
   mllog.event(k::kEvalSamples, eval_samples);
 
-  // Warm-up and capture, on the first batch.
+  // Warm-up and capture, on the first batch. The host launch delay applies from here on, as in a
+  // framework that launches every op of the step (set-up and the peak measurement do not pay it).
+  const LaunchDelayScope delay(f.host_delay_us);
   const auto t0 = std::chrono::steady_clock::now();
   trainer.prepare();
   const bool graphed = topt.mode != graphs::GraphMode::kNone;

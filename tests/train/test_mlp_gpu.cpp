@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bench/harness.h"
 #include "tests/support/compare.h"
 #include "tests/train/mlp_workload.h"
 #include "train/driver.h"
@@ -98,6 +99,13 @@ TEST(MlpWorkload, TheJsonSummaryCarriesTheEvaluations) {
   EXPECT_EQ(j["evaluation"]["results"][0]["samples"], 512);
   EXPECT_TRUE(j["evaluation"]["results"][1]["value"].is_number());
   std::remove(json.c_str());
+
+  MlpWorkload too_many;  // more held-out samples than the split has: refused before the steps
+  const std::optional<train::RunFlags> g =
+      train::parse(too_many, {"--steps", "2", "--eval-interval", "1", "--eval-samples", "100000"});
+  ASSERT_TRUE(g.has_value());
+  EXPECT_THROW(train::run(too_many, train::resolve(too_many, *g), stdout, options),
+               bench::UsageError);
 }
 
 }  // namespace
