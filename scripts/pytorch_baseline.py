@@ -6,10 +6,10 @@ FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two sid
         [--lead-ms 50] [--budget-ms 20] [--only REGEX]
     python3 scripts/pytorch_baseline.py gpt3 --preset 175b-tp4 --graphs full --json out.json
         [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
-        [--data tokens.h5]
+        [--data tokens.h5] [--lr X] [--min-lr X] [--warmup-steps W] [--decay-steps T]
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
         [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
-        [--microbatches 1] [--data tokens.h5]
+        [--microbatches 1] [--data tokens.h5] [--lr X] [--min-lr X] [--warmup-steps W] [--decay-steps T]
 
 Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` and `llama31`
 train the GPT-3 175B and Llama 3.1 405B shards that replay-gpt3 and replay-llama31 train (one GPU's slice
@@ -19,12 +19,16 @@ step, and report step time, throughput, MFU, peak memory and the losses.
 The shapes are replay's own: every command asks the replay binary, `replay-<workload> --preset P
 [--microbatches N] --print-config` in --replay-bin DIR (default $REPLAY_BUILD_DIR/bin, else
 build/release/bin), or reads what that command printed from --config FILE; no shape is written here.
+So are `gpt3`'s and `llama31`'s optimizer settings and learning-rate schedule, from the same document's
+`training` block; --lr, --min-lr, --warmup-steps and --decay-steps, replay's own flags, reach that
+command (or override the --config file's schedule as replay would), so one set of flags drives both tools.
 
 torch is imported inside the functions that need it, so the formulas here can be imported and tested on a
 machine without torch.
 """
 
 import argparse
+import copy
 import json
 import math
 import numbers
@@ -210,12 +214,10 @@ STATE_BYTES_PER_PARAM = 18
 # same budget, so both run one shard.
 STATE_BUDGET_BYTES = 60 * 2**30
 
-# The MLPerf GPT-3 reference's optimizer: Adam with decoupled weight decay (not applied to biases
-# and LayerNorm parameters, as in the Megatron reference), LR 2e-5 down to 2e-6, warm-up 265 steps and
-# cosine decay to step 108600 (the reference's 407040 warm-up and 166809600 decay samples at batch 1536).
-GPT3_OPTIMIZER = {"lr": 2e-5, "min_lr": 2e-6, "warmup_steps": 265, "decay_steps": 108600,
-                  "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "clip_norm": 1.0}
-
+# The JSON's optimizer.implementation: how the baseline applies replay's printed optimizer and schedule.
+OPTIMIZER_IMPLEMENTATION = ("torch.optim.AdamW(fused=True, capturable=True) on fp32 masters, lr a device "
+                            "tensor set each step from the device step counter by replay's formula (fp64, "
+                            "rounded to float32 once); clip_grad_norm_(foreach=True)")
 FLOPS_FORMULA = ("6*N*tokens + 12*L*s*d*tokens (per GPU shard: N = this shard's parameters, "
                       "d = this shard's attention width, heads x head_dim)")
 HASH_METHOD = ("loss_hash: FNV-1a 64 over the little-endian float32 bits of every loss in order; "
@@ -247,7 +249,7 @@ def gpt3_params(cfg, layers):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Llama 3.1 405B shard: parameter counts, optimizer, RoPE frequencies (no torch)
+# Llama 3.1 405B shard: parameter counts, RoPE frequencies (no torch)
 # ---------------------------------------------------------------------------------------------------------
 
 # RMSNorm's epsilon, and the RoPE base and Llama 3.1 frequency scaling (common/kernels/rope.h
@@ -279,18 +281,6 @@ def llama31_params(cfg, layers):
     return layers * llama31_layer_params(cfg) + llama31_embedding_params(cfg)
 
 
-def llama31_optimizer(global_batch):
-    """MLPerf Llama 3.1 405B (replay-llama31's mlperf_optimizer): AdamW betas 0.9/0.95, eps 1e-5, weight
-    decay 0.1, clip 1.0; LR 8e-5 x GBS / 1152 warmed up over ceil(8000 x 1152 / GBS) steps, then cosine
-    to 8e-7 at ceil(1,200,000 x 1152 / GBS)."""
-    if global_batch < 1:
-        raise ValueError("global batch must be positive")
-    ref = 1152
-    return {"lr": 8e-5 * global_batch / ref, "min_lr": 8e-7, "warmup_steps": -(-8000 * ref // global_batch),
-            "decay_steps": -(-1_200_000 * ref // global_batch), "betas": (0.9, 0.95), "eps": 1e-5,
-            "weight_decay": 0.1, "clip_norm": 1.0}
-
-
 def rope_frequencies(head_dim, rope=LLAMA31_ROPE):
     """f_i = theta^(-2i / head_dim) for i < head_dim / 2, rescaled as Llama 3.1 does (rope.cu, in fp64):
     wavelengths 2 pi / f above original_max_position / low_freq_factor are divided by `factor`, those
@@ -316,15 +306,15 @@ def rope_frequencies(head_dim, rope=LLAMA31_ROPE):
 # ---------------------------------------------------------------------------------------------------------
 
 # Per workload: the preset the command runs by default, whether its attention passes enable_gqa to SDPA
-# (without it the PyTorch module has as many key/value heads as query heads), its parameter counts, its
-# optimizer for a global batch, the config keys its JSON reports (as the replay tool's `config`: Llama's
-# adds the key/value heads), and the architecture its PyTorch module implements, which replay's
-# `config.model` must name (shard_config checks it: otherwise the two tools would not run one model).
+# (without it the PyTorch module has as many key/value heads as query heads), its parameter counts, the
+# config keys its JSON reports (as the replay tool's `config`: Llama's adds the key/value heads), and the
+# architecture its PyTorch module implements, which replay's `config.model` must name (shard_config checks
+# it: otherwise the two tools would not run one model). The optimizer and the learning-rate schedule are
+# replay's too, from the same document's `training` (training_config).
 WORKLOADS = {
     "gpt3": {"default_preset": "175b-tp4", "enable_gqa": False,
              "layer_params": gpt3_layer_params,
              "embedding_params": gpt3_embedding_params,
-             "optimizer": lambda global_batch: GPT3_OPTIMIZER,
              "config_keys": ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches",
                              "vocab", "vocab_shard", "tp"),
              "module": "pytorch_gpt3.GPT3Shard",
@@ -333,7 +323,6 @@ WORKLOADS = {
     "llama31": {"default_preset": "405b-tp8", "enable_gqa": True,
                 "layer_params": llama31_layer_params,
                 "embedding_params": llama31_embedding_params,
-                "optimizer": lambda global_batch: llama31_optimizer(global_batch),
                 "config_keys": ("hidden", "heads", "kv_heads", "head_dim", "ffn", "seq", "micro_batch",
                                 "microbatches", "vocab", "vocab_shard", "tp"),
                 "module": "pytorch_llama31.Llama31Shard",
@@ -374,15 +363,46 @@ def default_layers(cfg, budget_bytes=STATE_BUDGET_BYTES, bytes_per_param=STATE_B
     return max(1, min(cfg["model_layers"], fit))
 
 
-def lr_at(step, opt=GPT3_OPTIMIZER):
-    """Learning rate of 0-based step `step`: linear warm-up to opt['lr'] over warmup_steps (the first step
-    takes lr/warmup_steps), then cosine down to min_lr at decay_steps, flat after. The training step
-    computes the same on the device from its step counter."""
-    lr, lo, w, d = opt["lr"], opt["min_lr"], opt["warmup_steps"], opt["decay_steps"]
+def fp32(x):
+    """x rounded to the nearest float32, as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def fp32_decimal(x):
+    """The shortest decimal that reads back as float32(x), as a Python float: how replay prints its float32
+    settings (bench::decimal), 2e-05 for 2e-5f."""
+    v = fp32(x)
+    for digits in range(1, 10):
+        d = float(f"{v:.{digits}g}")
+        if fp32(d) == v:
+            return d
+    return v
+
+
+def schedule_constants(opt):
+    """(lr, min_lr, warmup_steps, decay_steps) of a warmup_cosine schedule (training_config's optimizer) as
+    replay holds them: the rates as its float32 LrSchedule fields (which the printed decimals read back as
+    exactly), the steps as integers. Another kind is a ValueError."""
+    if opt["schedule"] != SCHEDULE_KIND:
+        raise ValueError(f"schedule kind {opt['schedule']!r}: only {SCHEDULE_KIND!r} is implemented")
+    return fp32(opt["lr"]), fp32(opt["min_lr"]), opt["warmup_steps"], opt["decay_steps"]
+
+
+def lr_at(step, opt):
+    """Learning rate of 0-based optimizer step `step` as replay computes it (train/schedule.h lr_at, kind
+    warmup_cosine), in fp64 and rounded to float32 once: with W warmup_steps and T decay_steps, s < W:
+    lr (s + 1) / W; W <= s < T: min_lr + (lr - min_lr) (1 + cos(pi (s - W) / (T - W))) / 2; s >= T:
+    min_lr. The training step (pytorch_gpt3.MixedPrecisionTrainer.learning_rate) computes the same on the
+    device from its step counter."""
+    base, lo, w, t = schedule_constants(opt)
     if step < w:
-        return lr * (step + 1) / w
-    progress = min(max((step - w) / (d - w), 0.0), 1.0)
-    return lo + 0.5 * (lr - lo) * (1.0 + math.cos(math.pi * progress))
+        lr = base * (step + 1) / w
+    elif step < t:
+        p = (step - w) / (t - w)
+        lr = lo + (base - lo) * 0.5 * (1.0 + math.cos(math.pi * p))
+    else:
+        lr = lo
+    return fp32(lr)
 
 
 def sequential_batches(num_sequences, micro_batch, count):
@@ -443,9 +463,7 @@ def workload_document(cfg, layers, run, step_ms, host_us, peak_tflops, measured)
         "environment": measured["environment"],
         "settings": measured["settings"],
         "config": config,
-        "optimizer": dict(opt, betas=list(opt["betas"]),
-                          implementation="torch.optim.AdamW(fused=True, capturable=True) on fp32 masters, "
-                                         "lr a device tensor; clip_grad_norm_(foreach=True)"),
+        "optimizer": dict(opt, betas=list(opt["betas"]), implementation=OPTIMIZER_IMPLEMENTATION),
         "attention_backend": measured["attention_backend"],
         "tensor_parallel_collectives": "not run (1 process)",
         "step_ms": stats,
@@ -476,6 +494,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD_KEYS = ("hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches", "vocab",
               "vocab_shard", "tp")
 MODEL_KEYS = ("layers", "heads", "kv_heads", "ffn", "data_vocab")
+# The optimizer MixedPrecisionTrainer runs and the one schedule kind it implements; training_config
+# refuses a document that names others.
+OPTIMIZER_NAME = "adamw"
+SCHEDULE_KIND = "warmup_cosine"
+# The flags that override the preset's schedule, as replay's own (train/flags.cpp): the key in
+# `training.schedule` -> the flag. They reach `--print-config`, or override a --config file's values.
+SCHEDULE_FLAGS = {"lr": "--lr", "min_lr": "--min-lr", "warmup_steps": "--warmup-steps",
+                  "decay_steps": "--decay-steps"}
 
 
 def default_replay_bin():
@@ -502,16 +528,28 @@ def read_config_file(path):
     return parse_config_text(text, f"--config {path}")
 
 
-def run_print_config(bin_dir, workload, preset, microbatches=None, alternative=""):
-    """Runs `replay-<workload> --preset PRESET [--microbatches N] --print-config` from bin_dir (no GPU
-    needed); returns (its document, a name of the command for errors). A missing binary, or one that
-    refuses (an unknown preset: its message names the presets), is a BaselineError; `alternative` ends
-    the missing binary's message."""
+def schedule_args(schedule):
+    """The replay flags of schedule overrides {key of SCHEDULE_FLAGS: value}, in SCHEDULE_FLAGS' order."""
+    schedule = schedule or {}
+    unknown = set(schedule) - set(SCHEDULE_FLAGS)
+    if unknown:
+        raise ValueError(f"not schedule settings: {sorted(unknown)}")
+    return [a for key, flag in SCHEDULE_FLAGS.items() if schedule.get(key) is not None
+            for a in (flag, repr(schedule[key]))]
+
+
+def run_print_config(bin_dir, workload, preset, microbatches=None, alternative="", schedule=None):
+    """Runs `replay-<workload> --preset PRESET [--microbatches N] [--lr X] [--min-lr X] [--warmup-steps W]
+    [--decay-steps T] --print-config` from bin_dir (no GPU needed), the last four from `schedule`
+    ({key of SCHEDULE_FLAGS: value}); returns (its document, a name of the command for errors). A missing
+    binary, or one that refuses (an unknown preset: its message names the presets; a schedule it
+    rejects), is a BaselineError; `alternative` ends the missing binary's message."""
     path = os.path.join(bin_dir, f"replay-{workload}")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise BaselineError(f"no replay-{workload} binary at {path}: build replay first, or give the folder "
                             f"of its binaries with --replay-bin DIR{alternative}")
-    args = ["--preset", preset] + (["--microbatches", str(microbatches)] if microbatches is not None else [])
+    args = ["--preset", preset] + (["--microbatches", str(microbatches)] if microbatches is not None else []) \
+        + schedule_args(schedule)
     command = f"replay-{workload} {' '.join(args)} --print-config"
     try:
         p = subprocess.run([path, *args, "--print-config"], capture_output=True, text=True, timeout=120)
@@ -536,14 +574,90 @@ def _same_value(got, want):
     return isinstance(got, (int, float)) and not isinstance(got, bool) and float(got) == float(want)
 
 
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def training_config(doc, source="the configuration"):
+    """The optimizer and learning-rate schedule of a `replay-<workload> --print-config` document, from its
+    `training` block, as the baseline's trainer uses them: lr, min_lr, warmup_steps, decay_steps (from
+    `training.schedule`, whose kind must be warmup_cosine: lr_at), schedule (that kind), betas (beta1,
+    beta2), eps, weight_decay and clip_norm (from `training.optimizer`, which must be adamw). The values are
+    the printed ones (replay's float32 settings as their shortest decimals); lr_at rounds the rates back to
+    float32. The schedule is checked as replay checks it (warmup_steps >= 1, decay_steps above it); a
+    missing or malformed value, another kind or optimizer, or loss scaling (the baseline has none) is a
+    BaselineError naming `source`."""
+    def bad(what):
+        raise BaselineError(f"{source}: {what}")
+
+    training = doc.get("training") if isinstance(doc, dict) else None
+    if not isinstance(training, dict):
+        bad("no \"training\" object (replay's optimizer and learning-rate schedule)")
+    blocks = {}
+    for key in ("optimizer", "schedule"):
+        blocks[key] = training.get(key)
+        if not isinstance(blocks[key], dict):
+            bad(f"no \"training.{key}\" object")
+    optimizer, schedule = blocks["optimizer"], blocks["schedule"]
+
+    def value(obj, where, key, ok, expected):
+        v = obj.get(key)
+        if not ok(v):
+            bad(f"training.{where}.{key} is " + ("missing" if key not in obj else json.dumps(v))
+                + f", expected {expected}")
+        return v
+
+    value(optimizer, "optimizer", "name", lambda v: v == OPTIMIZER_NAME,
+          f"{json.dumps(OPTIMIZER_NAME)} (pytorch_baseline.py runs torch.optim.AdamW)")
+    kind = value(schedule, "schedule", "kind", lambda v: v == SCHEDULE_KIND,
+                 f"{json.dumps(SCHEDULE_KIND)}: pytorch_baseline.py implements only that schedule (linear "
+                 f"warm-up, then cosine decay)")
+    if training.get("loss_scaling") is not None:
+        bad(f"training.loss_scaling is {json.dumps(training['loss_scaling'])}: pytorch_baseline.py trains "
+            f"without loss scaling")
+    beta = lambda v: _number(v) and 0 <= v < 1  # noqa: E731
+    betas = tuple(value(optimizer, "optimizer", k, beta, "a number in [0, 1)") for k in ("beta1", "beta2"))
+    eps = value(optimizer, "optimizer", "eps", lambda v: _number(v) and v > 0, "a number above 0")
+    weight_decay = value(optimizer, "optimizer", "weight_decay", lambda v: _number(v) and v >= 0,
+                         "a number >= 0")
+    clip_norm = value(optimizer, "optimizer", "clip_norm", lambda v: _number(v) and v > 0,
+                      "a number above 0 (pytorch_baseline.py always clips)")
+    rate = lambda v: _number(v) and v >= 0  # noqa: E731
+    lr = value(schedule, "schedule", "lr", rate, "a number >= 0")
+    min_lr = value(schedule, "schedule", "min_lr", rate, "a number >= 0")
+    warmup = value(schedule, "schedule", "warmup_steps", lambda v: _is_int(v, 1), "an integer >= 1")
+    decay = value(schedule, "schedule", "decay_steps", lambda v: _is_int(v, warmup + 1),
+                  f"an integer above warmup_steps {warmup}")
+    return {"schedule": kind, "lr": lr, "min_lr": min_lr, "warmup_steps": warmup, "decay_steps": decay,
+            "betas": betas, "eps": eps, "weight_decay": weight_decay, "clip_norm": clip_norm}
+
+
+def override_schedule(doc, schedule):
+    """A copy of a --config document with the schedule overrides ({key of SCHEDULE_FLAGS: value}) in its
+    `training.schedule`, as replay applies its flags: the rates stored as float32 and printed as their
+    shortest decimals (fp32_decimal), the steps as given. training_config then checks the result."""
+    schedule = {k: v for k, v in (schedule or {}).items() if v is not None}
+    schedule_args(schedule)  # only known keys
+    if not schedule:
+        return doc
+    doc = copy.deepcopy(doc)
+    training = doc.get("training") if isinstance(doc, dict) else None
+    block = training.get("schedule") if isinstance(training, dict) else None
+    if isinstance(block, dict):  # else training_config says what is missing
+        for key, v in schedule.items():
+            block[key] = fp32_decimal(v) if key in ("lr", "min_lr") else v
+    return doc
+
+
 def shard_config(doc, workload, source="the configuration"):
     """One GPU's shard from a `replay-<workload> --print-config` document, as the baseline uses it:
     workload, preset, hidden, heads, kv_heads, head_dim, ffn (per GPU), seq, micro_batch, microbatches,
     vocab (padded), vocab_shard (this GPU's rows), data_vocab, tp, layers (the preset's own count, 0 for
     the full-model presets, whose count comes from the memory budget), model_layers (the whole model's
-    depth, the most --layers may ask), mlp, and the optimizer for the global batch. Checks that the document
-    is well formed, that the shard is the whole model split over tp, and that the model is the one the
-    workload's PyTorch module implements; anything else is a BaselineError naming `source`."""
+    depth, the most --layers may ask), mlp, and the optimizer and schedule replay prints in `training`
+    (training_config). Checks that the document is well formed, that the shard is the whole model split
+    over tp, and that the model is the one the workload's PyTorch module implements; anything else is a
+    BaselineError naming `source`."""
     w = WORKLOADS[workload]
 
     def bad(what):
@@ -603,18 +717,24 @@ def shard_config(doc, workload, source="the configuration"):
             bad(f"config.model.{key} is " + ("missing" if key not in model else json.dumps(got))
                 + f": {w['module']} implements {json.dumps(want)}")
     cfg.update(data_vocab=whole["data_vocab"], model_layers=whole["layers"], mlp=model["mlp"],
-               optimizer=w["optimizer"](cfg["micro_batch"] * cfg["microbatches"]))
+               optimizer=training_config(doc, source))
     return cfg
 
 
-def load_shard_config(workload, preset=None, microbatches=None, replay_bin=None, config_path=None):
+def load_shard_config(workload, preset=None, microbatches=None, replay_bin=None, config_path=None,
+                      schedule=None):
     """shard_config of the --config FILE document when config_path is given (--preset and --microbatches,
     when given, must agree with it), else of what `replay-<workload> --preset PRESET [--microbatches N]
-    --print-config` prints, run from replay_bin (default_replay_bin()); preset None is the workload's
-    default preset."""
+    [schedule flags] --print-config` prints, run from replay_bin (default_replay_bin()); preset None is
+    the workload's default preset. `schedule` ({key of SCHEDULE_FLAGS: value or None}) holds the
+    --lr, --min-lr, --warmup-steps and --decay-steps given: they reach the binary, or override the file's
+    `training.schedule` as the binary would (override_schedule)."""
+    schedule = {k: v for k, v in (schedule or {}).items() if v is not None}
     if config_path is not None:
         source = f"--config {config_path}"
-        cfg = shard_config(read_config_file(config_path), workload, source)
+        doc = override_schedule(read_config_file(config_path), schedule)
+        flags = " ".join(schedule_args(schedule))
+        cfg = shard_config(doc, workload, source + (f" with {flags}" if flags else ""))
         if preset is not None and preset != cfg["preset"]:
             raise BaselineError(f"--preset {preset}: {source} is the configuration of preset {cfg['preset']}")
         if microbatches is not None and microbatches != cfg["microbatches"]:
@@ -624,17 +744,23 @@ def load_shard_config(workload, preset=None, microbatches=None, replay_bin=None,
     preset = preset if preset is not None else WORKLOADS[workload]["default_preset"]
     return replay_config(replay_bin or default_replay_bin(), workload, preset, microbatches,
                          f" (or what `replay-{workload} --preset {preset} --print-config` printed, with "
-                         f"--config FILE)")
+                         f"--config FILE)", schedule)
 
 
-def replay_config(bin_dir, workload, preset, microbatches=None, alternative=""):
-    """shard_config of what run_print_config prints, which must be the preset and micro-batches asked for."""
-    doc, source = run_print_config(bin_dir, workload, preset, microbatches, alternative)
+def replay_config(bin_dir, workload, preset, microbatches=None, alternative="", schedule=None):
+    """shard_config of what run_print_config prints, which must be the preset, micro-batches and schedule
+    overrides asked for."""
+    doc, source = run_print_config(bin_dir, workload, preset, microbatches, alternative, schedule)
     cfg = shard_config(doc, workload, source)
     if cfg["preset"] != preset:
         raise BaselineError(f"{source} printed the configuration of preset {cfg['preset']!r}")
     if microbatches is not None and cfg["microbatches"] != microbatches:
         raise BaselineError(f"{source} printed microbatches {cfg['microbatches']}")
+    for key, v in (schedule or {}).items():
+        want = fp32_decimal(v) if key in ("lr", "min_lr") else v
+        if v is not None and cfg["optimizer"][key] != want:
+            raise BaselineError(f"{source} printed training.schedule.{key} {cfg['optimizer'][key]!r}, not "
+                                f"the {SCHEDULE_FLAGS[key]} {v!r} asked for")
     return cfg
 
 
@@ -1187,6 +1313,11 @@ def run_workload(args, cfg, layers):
              f"{cfg['microbatches']}, vocab shard {cfg['vocab_shard']} of {cfg['vocab']}, "
              f"{model_params(cfg, layers) / 1e6:.1f}M parameters; steps {args.steps}, warmup {args.warmup}, "
              f"seed {args.seed}, data {args.data or 'random tokens'}; bf16 GEMM peak {peak:.1f} TFLOP/s")
+    o = cfg["optimizer"]
+    progress(f"schedule (replay's): {o['schedule']}, linear warm-up over {o['warmup_steps']} steps to "
+             f"{o['lr']:g}, cosine decay to {o['min_lr']:g} at step {o['decay_steps']}; AdamW betas "
+             f"{o['betas'][0]:g}/{o['betas'][1]:g}, eps {o['eps']:g}, weight decay {o['weight_decay']:g}, "
+             f"clip {o['clip_norm']:g}")
     tokens, floor = step_tokens(cfg, args.warmup + args.steps, args.seed, args.data)
 
     model = build_model(cfg, layers)
@@ -1241,12 +1372,12 @@ def run_workload(args, cfg, layers):
     torch.cuda.synchronize()
     step_ms = [start.elapsed_time(end) for start, end in events]
 
-    # The schedule ran on the device: its last value must be lr_at of the last step.
+    # The schedule ran on the device: its last value must be lr_at of the last step, to the bit.
     taken = args.warmup + args.steps
     lr, count, expected = trainer.lr.item(), trainer.step_count.item(), lr_at(taken - 1, opt)
-    if count != taken or abs(lr - expected) > 1e-5 * expected:
+    if count != taken or lr != expected:
         raise BaselineError(f"device schedule disagrees with lr_at: {count:g} steps taken (expected {taken}), "
-                            f"lr {lr:.9g} (expected {expected:.9g})")
+                            f"lr {lr!r} (expected {expected!r})")
     measured = {
         "version": torch.__version__, "environment": env, "settings": settings, "attention_backend": backend,
         "memory": {"peak_bytes": torch.cuda.max_memory_allocated(),
@@ -1274,7 +1405,7 @@ def cmd_train(args):
     if args.data is not None and not os.path.isfile(args.data):
         raise BaselineError(f"--data {args.data}: no such file")
     cfg = load_shard_config(args.command, args.preset, getattr(args, "microbatches", None), args.replay_bin,
-                            args.config)
+                            args.config, schedule_overrides(args))
     layers = args.layers if args.layers is not None else default_layers(cfg)
     if layers > cfg["model_layers"]:
         raise BaselineError(f"--layers {layers}: the {cfg['preset']} model has {cfg['model_layers']} layers")
@@ -1295,6 +1426,11 @@ def cmd_train(args):
     write_json(args.json, doc)
     progress(f"wrote {args.json}")
     return 0
+
+
+def schedule_overrides(args):
+    """{key of SCHEDULE_FLAGS: value} of the schedule flags given on the command line."""
+    return {key: getattr(args, key) for key in SCHEDULE_FLAGS if getattr(args, key, None) is not None}
 
 
 def _int_at_least(lowest):
@@ -1387,6 +1523,17 @@ def build_parser():
                                 "the learning-rate schedule follows the global batch, as replay's")
         p.add_argument("--data", default=None,
                        help="replay-tokens HDF5 file (datasets/gpt3.md; needs h5py); default random tokens")
+        sched = p.add_argument_group(
+            "learning-rate schedule",
+            f"replay-{name}'s own flags, which override its preset's schedule: passed to its --print-config "
+            f"(with --config FILE, they override the file's training.schedule the same way); the optimizer and "
+            f"schedule are what it then prints")
+        sched.add_argument("--lr", type=_float_in(0.0, 1e3), default=None, help="peak learning rate")
+        sched.add_argument("--min-lr", type=_float_in(0.0, 1e3), default=None,
+                           help="learning rate the decay ends at")
+        sched.add_argument("--warmup-steps", type=_int_at_least(0), default=None, help="linear warm-up steps")
+        sched.add_argument("--decay-steps", type=_int_at_least(1), default=None,
+                           help="the step the decay ends at, warm-up included")
         p.add_argument("--json", required=True, help="output JSON path")
         p.set_defaults(func=cmd_train)
     return parser

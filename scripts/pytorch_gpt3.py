@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pytorch_baseline import schedule_constants
+
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer layer: x + proj(attention(ln1(x))), then x + fc2(gelu(fc1(ln2(x))))."""
@@ -85,6 +87,10 @@ class MixedPrecisionTrainer:
     device and nothing reads a device value on the host, so `step` can run eagerly or be captured whole,
     optimizer included, in one torch.cuda.graph.
 
+    `opt` is pytorch_baseline.training_config's: replay's printed optimizer settings and warmup_cosine
+    schedule. Each step sets the learning rate from the device step counter as replay does
+    (learning_rate), so step s trains at pytorch_baseline.lr_at(s, opt) exactly.
+
     Memory: autograd makes a bf16 gradient for each bf16 parameter; a post-accumulate-grad hook copies it
     into the parameter's fp32 master gradient and frees it at once, so the step holds 18 bytes per
     parameter (fp32 master, bf16 parameter, fp32 gradient, Adam m and v) plus one bf16 gradient at a time.
@@ -102,7 +108,14 @@ class MixedPrecisionTrainer:
             param.register_post_accumulate_grad_hook(self._grad_to_master(master, self))
         device = self.params[0].device
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)  # steps taken, exact to 2^24
+        self.step_count = torch.zeros((), dtype=torch.float64, device=device)  # steps taken, exact to 2^53
+        # The schedule: lr and min_lr as replay's float32 settings (Python floats, exact in fp64); W and
+        # T - W as device tensors, since torch divides a CUDA tensor by a host scalar as a multiplication
+        # by its reciprocal, which can differ from the division in the last bit.
+        self.base_lr, self.min_lr, self.warmup_steps, self.decay_steps = schedule_constants(opt)
+        self.warmup_divisor = torch.tensor(float(self.warmup_steps), dtype=torch.float64, device=device)
+        self.decay_divisor = torch.tensor(float(self.decay_steps - self.warmup_steps), dtype=torch.float64,
+                                          device=device)
         # Weight decay on the matrices only (not biases or LayerNorm parameters), as in Megatron.
         groups = [{"params": [m for m in self.masters if m.dim() >= 2], "weight_decay": opt["weight_decay"]},
                   {"params": [m for m in self.masters if m.dim() < 2], "weight_decay": 0.0}]
@@ -122,12 +135,17 @@ class MixedPrecisionTrainer:
         return hook
 
     def learning_rate(self):
-        """pytorch_baseline.lr_at on the device: linear warm-up, then cosine to min_lr."""
-        o, s = self.opt, self.step_count
-        warmup = o["lr"] * (s + 1) / o["warmup_steps"]
-        progress = ((s - o["warmup_steps"]) / (o["decay_steps"] - o["warmup_steps"])).clamp(0.0, 1.0)
-        cosine = o["min_lr"] + 0.5 * (o["lr"] - o["min_lr"]) * (1.0 + torch.cos(math.pi * progress))
-        return torch.where(s < o["warmup_steps"], warmup, cosine)
+        """pytorch_baseline.lr_at of the step counter s, on the device and in the same operations as
+        replay's lr_at (train/schedule.h): fp64 throughout, rounded to float32 once. s < W: lr (s + 1) / W;
+        W <= s < T: min_lr + ((lr - min_lr) 0.5) (1 + cos(pi (s - W) / (T - W))); s >= T: min_lr. Both
+        branches are computed (no host branch on a device value); p is clamped so neither is NaN."""
+        base, lo, w, t = self.base_lr, self.min_lr, self.warmup_steps, self.decay_steps
+        s = self.step_count
+        warmup = base * (s + 1) / self.warmup_divisor
+        p = ((s - w) / self.decay_divisor).clamp(0.0, 1.0)
+        cosine = lo + (base - lo) * 0.5 * (1.0 + torch.cos(math.pi * p))
+        lr = torch.where(s < w, warmup, torch.where(s < t, cosine, torch.full_like(s, lo)))
+        return lr.to(torch.float32)
 
     def step(self, tokens):
         """One training step on `tokens` [micro-batches, B, T + 1]: the gradient of the mean loss over the

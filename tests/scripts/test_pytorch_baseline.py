@@ -2,9 +2,11 @@
 """Tests of scripts/pytorch_baseline.py's pure parts, run without torch: the shard configurations it reads
 from replay's `--print-config` JSON (well-formed and malformed documents, fake and missing binaries), the
 op shapes derived from them, FLOP formulas, names, statistics and JSON entries; the gpt3 and llama31
-shards' parameter counts, FLOPs, default layers, optimizers, learning-rate schedule, data order,
-token-file checks, loss hash and JSON documents; RoPE frequencies; argument errors. Importing the script
-must not import torch.
+shards' parameter counts, FLOPs, default layers, data order, token-file checks, loss hash and JSON
+documents; the optimizer and learning-rate schedule taken from the same documents' `training` (replay's
+formula at the steps where it changes, the schedule flags reaching the binary or overriding a --config
+file); RoPE frequencies; argument errors. Importing the script must not import torch (the trainer's
+device schedule is checked only where torch and a GPU are).
 
 The MLPerf shard shapes are checked against what the replay binaries print: they are looked for in
 $REPLAY_BIN_DIR (CTest sets it to the build's bin folder), else where the script looks
@@ -17,6 +19,7 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -61,13 +64,23 @@ FALLBACK_TINY = {
         "microbatches": 1, "vocab": 512, "vocab_shard": 512, "tp": 1, "dropout": 0.0,
         "model": {"layers": 96, "heads": 2, "kv_heads": 2, "ffn": 512, "data_vocab": 512, "norm": "layernorm",
                   "norm_eps": 1e-05, "mlp": "gelu", "position": "learned", "rope_theta": 10000.0,
-                  "rope_llama31_scaling": False, "bias": True, "tied_embedding": True}}},
+                  "rope_llama31_scaling": False, "bias": True, "tied_embedding": True}},
+        "training": {"optimizer": {"name": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-08,
+                                   "weight_decay": 0.1, "clip_norm": 1.0},
+                     "schedule": {"kind": "warmup_cosine", "lr": 0.001, "min_lr": 0.0001, "warmup_steps": 20,
+                                  "decay_steps": 400},
+                     "loss_scaling": None}},
     "llama31": {"tool": "replay-llama31", "workload": "llama31", "preset": "tiny", "config": {
         "layers": 2, "hidden": 128, "heads": 2, "kv_heads": 1, "head_dim": 64, "ffn": 256, "seq": 128,
         "micro_batch": 2, "microbatches": 1, "vocab": 512, "vocab_shard": 512, "tp": 1, "dropout": 0.0,
         "model": {"layers": 126, "heads": 2, "kv_heads": 1, "ffn": 256, "data_vocab": 512, "norm": "rmsnorm",
                   "norm_eps": 1e-05, "mlp": "swiglu", "position": "rope", "rope_theta": 500000.0,
-                  "rope_llama31_scaling": True, "bias": False, "tied_embedding": False}}},
+                  "rope_llama31_scaling": True, "bias": False, "tied_embedding": False}},
+        "training": {"optimizer": {"name": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-05,
+                                   "weight_decay": 0.1, "clip_norm": 1.0},
+                     "schedule": {"kind": "warmup_cosine", "lr": 0.001, "min_lr": 0.0001, "warmup_steps": 20,
+                                  "decay_steps": 400},
+                     "loss_scaling": None}},
 }
 _tiny_docs = {}
 
@@ -82,6 +95,38 @@ def tiny_doc(workload):
 
 def tiny(workload):
     return pb.shard_config(tiny_doc(workload), workload, "tiny_doc")
+
+
+def printed_optimizer(doc):
+    """What the baseline's optimizer must be for a `--print-config` document: its `training` values, as
+    printed."""
+    o, sc = doc["training"]["optimizer"], doc["training"]["schedule"]
+    return {"schedule": sc["kind"], "lr": sc["lr"], "min_lr": sc["min_lr"], "warmup_steps": sc["warmup_steps"],
+            "decay_steps": sc["decay_steps"], "betas": (o["beta1"], o["beta2"]), "eps": o["eps"],
+            "weight_decay": o["weight_decay"], "clip_norm": o["clip_norm"]}
+
+
+def to_f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def formula(s, lr, min_lr, W, T):
+    """replay's warmup_cosine learning rate of 0-based step s, written from its definition here (not
+    pytorch_baseline's): lr and min_lr are replay's float32 settings, the arithmetic fp64, the result
+    rounded to float32 once."""
+    lr, min_lr = to_f32(lr), to_f32(min_lr)
+    if s < W:
+        v = lr * (s + 1) / W
+    elif s < T:
+        v = min_lr + (lr - min_lr) * (1 + math.cos(math.pi * ((s - W) / (T - W)))) / 2  # p, then pi p
+    else:
+        v = min_lr
+    return to_f32(v)
+
+
+def schedule_steps(W, T):
+    """The steps where the schedule changes: 0, 1, W-1, W, (W+T)/2, T-1, T, T+5."""
+    return (0, 1, W - 1, W, (W + T) // 2, T - 1, T, T + 5)
 
 
 def write_json_file(directory, name, doc):
@@ -119,9 +164,7 @@ class ShardConfig(unittest.TestCase):
                                  (m["data_vocab"], m["layers"], m["mlp"]))
                 self.assertEqual(cfg["kv_heads"], c["kv_heads"] if workload == "llama31" else c["heads"])
                 self.assertEqual(pb.default_layers(cfg), c["layers"])  # the preset's own count
-        self.assertIs(tiny("gpt3")["optimizer"], pb.GPT3_OPTIMIZER)
-        cfg = tiny("llama31")
-        self.assertEqual(cfg["optimizer"], pb.llama31_optimizer(cfg["micro_batch"] * cfg["microbatches"]))
+                self.assertEqual(cfg["optimizer"], printed_optimizer(doc))
 
     def refused(self, workload, change, fragment):
         doc = tiny_doc(workload)
@@ -172,6 +215,21 @@ class ShardConfig(unittest.TestCase):
             ("llama31", setter("config.model.rope_theta", 10000.0), "config.model.rope_theta is 10000.0"),
             ("llama31", setter("config.model.rope_llama31_scaling", False), "rope_llama31_scaling is false"),
             ("llama31", setter("config.model.position", "learned"), "config.model.position is \"learned\""),
+            ("gpt3", setter("training", KeyError), "no \"training\" object"),
+            ("gpt3", setter("training.schedule", None), "no \"training.schedule\" object"),
+            ("gpt3", setter("training.optimizer", KeyError), "no \"training.optimizer\" object"),
+            ("gpt3", setter("training.optimizer.name", "adam"),
+             "training.optimizer.name is \"adam\", expected \"adamw\""),
+            ("gpt3", setter("training.optimizer.beta2", 1.0), "training.optimizer.beta2 is 1.0"),
+            ("gpt3", setter("training.optimizer.eps", KeyError), "training.optimizer.eps is missing"),
+            ("gpt3", setter("training.optimizer.clip_norm", 0.0), "always clips"),
+            ("llama31", setter("training.schedule.lr", -1e-4), "training.schedule.lr is -0.0001"),
+            ("llama31", setter("training.schedule.min_lr", "1e-5"), "training.schedule.min_lr is \"1e-5\""),
+            ("gpt3", setter("training.schedule.warmup_steps", 0),
+             "training.schedule.warmup_steps is 0, expected an integer >= 1"),
+            ("gpt3", setter("training.schedule.decay_steps", lambda v: 20),
+             "training.schedule.decay_steps is 20, expected an integer above warmup_steps"),
+            ("gpt3", setter("training.loss_scaling", {"init_scale": 65536.0}), "without loss scaling"),
         ]
         for workload, change, fragment in cases:
             with self.subTest(fragment):
@@ -268,6 +326,42 @@ class FakeBinaries(unittest.TestCase):
                 pb.load_shard_config("llama31", "tiny", 3, replay_bin=d)
             with self.assertRaisesRegex(pb.BaselineError, "printed the configuration of preset 'tiny'"):
                 pb.load_shard_config("llama31", replay_bin=d)  # the default preset, 405b-tp8
+
+    def test_schedule_flags(self):
+        # The four flags reach the binary, after --preset and --microbatches, in replay's spelling; what it
+        # prints must then carry them (this stand-in prints a document with other values: refused).
+        with tempfile.TemporaryDirectory() as d:
+            printed = tiny_doc("gpt3")
+            sc = printed["training"]["schedule"]
+            sc.update(lr=0.0003, min_lr=3e-05, warmup_steps=7, decay_steps=70)
+            doc = write_json_file(d, "doc.json", printed)
+            args = os.path.join(d, "args")
+            self.fake(d, "gpt3", f'printf "%s\n" "$@" > {args}; cat {doc}')
+            asked = {"lr": 3e-4, "min_lr": 3e-5, "warmup_steps": 7, "decay_steps": 70}
+            cfg = pb.load_shard_config("gpt3", "tiny", replay_bin=d, schedule=asked)
+            with open(args) as f:
+                self.assertEqual(f.read().split(), ["--preset", "tiny", "--lr", "0.0003", "--min-lr", "3e-05",
+                                                    "--warmup-steps", "7", "--decay-steps", "70",
+                                                    "--print-config"])
+            self.assertEqual({k: cfg["optimizer"][k] for k in asked}, asked)
+            pb.load_shard_config("gpt3", "tiny", replay_bin=d, schedule={"decay_steps": 70, "lr": None})
+            with open(args) as f:
+                self.assertEqual(f.read().split(), ["--preset", "tiny", "--decay-steps", "70", "--print-config"])
+            for key, value, flag in (("warmup_steps", 8, "--warmup-steps 8"), ("lr", 1e-3, "--lr 0.001"),
+                                     ("min_lr", 2.5e-5, "--min-lr 2.5e-05")):
+                with self.subTest(key):
+                    with self.assertRaisesRegex(pb.BaselineError, f"printed training.schedule.{key} .*, not the "
+                                                                  f"{flag.split()[0]} {value!r} asked for"):
+                        pb.load_shard_config("gpt3", "tiny", replay_bin=d, schedule={key: value})
+                    with open(args) as f:
+                        self.assertIn(flag, " ".join(f.read().split()))
+            # replay stores the rates as float32 and prints their shortest decimals: 0.1 asked is 0.1 printed
+            sc.update(lr=0.1)
+            write_json_file(d, "doc.json", printed)
+            self.assertEqual(pb.load_shard_config("gpt3", "tiny", replay_bin=d, schedule={"lr": 0.1})
+                             ["optimizer"]["lr"], 0.1)
+            with self.assertRaises(ValueError):
+                pb.schedule_args({"beta1": 0.8})
 
     def test_refusal_passes_the_message_on(self):
         with tempfile.TemporaryDirectory() as d:
@@ -531,27 +625,172 @@ class ReplayBinaries(unittest.TestCase):
                 path = write_json_file(d, "cfg.json", doc)
                 self.assertEqual(pb.load_shard_config(workload, config_path=path), real(workload, preset, mb))
 
-    def test_optimizer_hyperparameters_agree_with_replays(self):
-        # The baseline keeps its optimizer (pb.GPT3_OPTIMIZER, pb.llama31_optimizer); replay prints its own
-        # in `training`: the Adam settings and clip agree.
+    def test_optimizer_and_schedule_are_replays(self):
+        # The baseline has no optimizer settings or schedule of its own: they are what replay prints.
         real("gpt3", "tiny")  # skips without the binaries
-        for workload, preset, mb in (("gpt3", "175b-tp4", None), ("llama31", "405b-tp8", 4)):
-            with self.subTest(workload):
-                cfg = real(workload, preset, mb)
-                replays = pb.run_print_config(BIN, workload, preset, mb)[0]["training"]["optimizer"]
-                o = cfg["optimizer"]
-                self.assertEqual((replays["beta1"], replays["beta2"]), o["betas"])
-                self.assertEqual((replays["eps"], replays["weight_decay"], replays["clip_norm"]),
-                                 (o["eps"], o["weight_decay"], o["clip_norm"]))
+        for workload, preset, mb in (("gpt3", "tiny", None), ("gpt3", "175b-tp4", None),
+                                     ("gpt3", "175b-tp8", None), ("llama31", "tiny", None),
+                                     ("llama31", "405b-tp8", None), ("llama31", "405b-tp8", 4),
+                                     ("llama31", "405b-tp4", None)):
+            with self.subTest(f"{workload} {preset} x{mb}"):
+                doc = pb.run_print_config(BIN, workload, preset, mb)[0]
+                self.assertEqual(real(workload, preset, mb)["optimizer"], printed_optimizer(doc))
 
-    def test_llama31_schedule_agrees_with_replays(self):
-        cfg = real("llama31", "405b-tp8", 4)
-        s = pb.run_print_config(BIN, "llama31", "405b-tp8", 4)[0]["training"]["schedule"]
-        o = cfg["optimizer"]
-        self.assertEqual((s["kind"], s["warmup_steps"], s["decay_steps"]),
-                         ("warmup_cosine", o["warmup_steps"], o["decay_steps"]))
-        self.assertAlmostEqual(s["lr"] / o["lr"], 1.0, places=6)  # replay prints 7 significant digits
-        self.assertAlmostEqual(s["min_lr"] / o["min_lr"], 1.0, places=6)
+    def test_mlperf_schedules_in_steps_of_the_shards_global_batch(self):
+        # MLPerf's GPT-3 warm-up of 265 x 1536 samples and decay of 166,809,600 samples at 1 sequence a step;
+        # Llama 3.1's 8000 and 1,200,000 steps at 1152 sequences, at 1 and 4 sequences a step.
+        for (workload, preset, mb), (W, T) in {("gpt3", "175b-tp4", None): (407040, 166809600),
+                                               ("llama31", "405b-tp8", None): (9216000, 1382400000),
+                                               ("llama31", "405b-tp8", 4): (2304000, 345600000)}.items():
+            with self.subTest(f"{workload} {preset} x{mb}"):
+                o = real(workload, preset, mb)["optimizer"]
+                self.assertEqual((o["schedule"], o["warmup_steps"], o["decay_steps"]), ("warmup_cosine", W, T))
+
+    def test_schedule_flags_reach_the_binary(self):
+        real("gpt3", "tiny")
+        asked = {"lr": 1.23456789e-4, "min_lr": 3e-6, "warmup_steps": 7, "decay_steps": 70}
+        for workload, preset, mb in (("gpt3", "tiny", None), ("gpt3", "175b-tp4", None),
+                                     ("llama31", "405b-tp8", 4)):
+            with self.subTest(f"{workload} {preset}"):
+                default = printed_optimizer(pb.run_print_config(BIN, workload, preset, mb)[0])
+                doc = pb.run_print_config(BIN, workload, preset, mb, schedule=asked)[0]
+                printed = printed_optimizer(doc)
+                self.assertEqual(printed["lr"], 0.00012345679)  # replay's float32, shortest decimal
+                self.assertEqual((printed["min_lr"], printed["warmup_steps"], printed["decay_steps"]),
+                                 (3e-6, 7, 70))
+                for key in asked:
+                    self.assertNotEqual(printed[key], default[key], key)
+                for key in ("betas", "eps", "weight_decay", "clip_norm", "schedule"):
+                    self.assertEqual(printed[key], default[key], key)  # the flags change the schedule only
+                cfg = pb.load_shard_config(workload, preset, mb, replay_bin=BIN, schedule=asked)
+                self.assertEqual(cfg["optimizer"], printed)
+                for step in schedule_steps(7, 70):
+                    self.assertEqual(pb.lr_at(step, cfg["optimizer"]),
+                                     formula(step, 0.00012345679, 3e-6, 7, 70), step)
+                # One flag alone leaves the others at the preset's
+                one = pb.load_shard_config(workload, preset, mb, replay_bin=BIN, schedule={"warmup_steps": 7})
+                self.assertEqual(one["optimizer"], dict(default, warmup_steps=7))
+
+    def test_config_file_takes_the_flags_as_the_binary_does(self):
+        real("gpt3", "tiny")
+        with tempfile.TemporaryDirectory() as d:
+            for workload, preset, mb in (("gpt3", "175b-tp4", None), ("llama31", "405b-tp8", 4)):
+                path = write_json_file(d, "cfg.json", pb.run_print_config(BIN, workload, preset, mb)[0])
+                for asked in ({"lr": 1.23456789e-4, "min_lr": 2e-6, "warmup_steps": 7, "decay_steps": 70},
+                              {"lr": 0.1}, {"decay_steps": 10**9 + 7}, {"min_lr": 1 / 3}):
+                    with self.subTest(f"{workload} {asked}"):
+                        self.assertEqual(pb.load_shard_config(workload, config_path=path, schedule=asked),
+                                         pb.load_shard_config(workload, preset, mb, BIN, schedule=asked))
+
+    def test_binary_refuses_a_bad_schedule(self):
+        real("gpt3", "tiny")
+        for schedule, fragment in (({"warmup_steps": 0}, "warmup_steps must be >= 1"),
+                                   ({"warmup_steps": 100, "decay_steps": 50}, "total_steps must exceed warmup")):
+            with self.subTest(fragment):
+                with self.assertRaises(pb.BaselineError) as e:
+                    pb.load_shard_config("gpt3", "tiny", replay_bin=BIN, schedule=schedule)
+                self.assertIn("exit status 2: ", str(e.exception))
+                self.assertIn(fragment, str(e.exception))
+                self.assertIn(" ".join(pb.schedule_args(schedule)), str(e.exception))  # the command, as run
+
+
+class Schedule(unittest.TestCase):
+    """lr_at of the optimizer the baseline takes from a printed configuration: replay's formula (written
+    independently in `formula`, and by hand for small numbers), to the float32 bit."""
+
+    def check_steps(self, cfg, doc):
+        o, sc = cfg["optimizer"], doc["training"]["schedule"]
+        W, T = sc["warmup_steps"], sc["decay_steps"]
+        for step in schedule_steps(W, T):
+            got = pb.lr_at(step, o)
+            self.assertEqual(got, formula(step, sc["lr"], sc["min_lr"], W, T), step)
+            self.assertEqual(got, to_f32(got), step)  # a float32 value
+        self.assertEqual(pb.lr_at(W - 1, o), to_f32(sc["lr"]))  # the peak
+        self.assertEqual(pb.lr_at(W, o), to_f32(sc["lr"]))      # cos(0): still the peak
+        self.assertEqual(pb.lr_at(T, o), to_f32(sc["min_lr"]))
+        self.assertEqual(pb.lr_at(T + 5, o), to_f32(sc["min_lr"]))
+
+    def test_from_the_binaries(self):
+        real("gpt3", "tiny")  # skips without the binaries
+        for workload, preset in (("gpt3", "tiny"), ("gpt3", "175b-tp4"), ("llama31", "405b-tp8")):
+            with self.subTest(f"{workload} {preset}"):
+                self.check_steps(real(workload, preset), pb.run_print_config(BIN, workload, preset)[0])
+
+    def test_tiny_documents(self):  # the binaries' where they are, else FALLBACK_TINY's
+        for workload in ("gpt3", "llama31"):
+            with self.subTest(workload):
+                self.check_steps(tiny(workload), tiny_doc(workload))
+
+    def small_document(self, kind="warmup_cosine"):
+        doc = tiny_doc("gpt3")
+        doc["training"]["schedule"] = {"kind": kind, "lr": 0.5, "min_lr": 0.125, "warmup_steps": 3,
+                                       "decay_steps": 10}
+        return doc
+
+    def test_small_numbers_by_hand(self):
+        # W = 3, T = 10, lr 0.5, min_lr 0.125 (exact in float32): warm-up 0.5/3, 1.0/3, 0.5; then
+        # 0.125 + 0.375 (1 + cos(pi p)) / 2 with p = (s - 3) / 7; 0.125 from step 10.
+        with tempfile.TemporaryDirectory() as d:
+            path = write_json_file(d, "small.json", self.small_document())
+            o = pb.load_shard_config("gpt3", config_path=path)["optimizer"]
+        self.assertEqual((o["schedule"], o["lr"], o["min_lr"], o["warmup_steps"], o["decay_steps"]),
+                         ("warmup_cosine", 0.5, 0.125, 3, 10))
+        by_hand = {
+            0: 0.16666667,          # 0.5 x 1 / 3
+            1: 0.33333334,          # 0.5 x 2 / 3
+            2: 0.5,                 # W - 1: 0.5 x 3 / 3
+            3: 0.5,                 # W: p = 0, cos 0 = 1
+            6: 0.35422269,          # (W + T) / 2 = 6.5, floored: p = 3/7, cos(3 pi / 7) = 0.22252093
+            9: 0.14356834,          # T - 1: p = 6/7, cos(6 pi / 7) = -0.90096887
+            10: 0.125,              # T: min_lr
+            15: 0.125,              # T + 5
+        }
+        self.assertEqual(sorted(by_hand), list(schedule_steps(3, 10)))
+        for step, value in by_hand.items():
+            got = pb.lr_at(step, o)
+            self.assertEqual(got, to_f32(value), step)  # the decimals above are the float32 values
+            self.assertEqual(got, formula(step, 0.5, 0.125, 3, 10), step)
+
+    def test_rates_are_replays_float32(self):
+        # lr 2e-05 printed is replay's 2e-5f: the warm-up's last step gives that float32 exactly, not
+        # the double 2e-5.
+        o = {"schedule": "warmup_cosine", "lr": 2e-05, "min_lr": 2e-06, "warmup_steps": 407040,
+             "decay_steps": 166809600}
+        self.assertEqual(pb.lr_at(407039, o), to_f32(2e-5))
+        self.assertNotEqual(pb.lr_at(407039, o), 2e-5)
+        self.assertEqual(pb.lr_at(0, o), to_f32(to_f32(2e-5) / 407040))
+        self.assertEqual(pb.schedule_constants(o), (to_f32(2e-5), to_f32(2e-6), 407040, 166809600))
+        self.assertEqual(pb.fp32_decimal(2e-5), 2e-05)
+        self.assertEqual(pb.fp32_decimal(1.23456789e-4), 0.00012345679)
+        self.assertEqual(pb.fp32_decimal(1 / 3), 0.33333334)
+
+    def test_unknown_kind_is_an_error(self):
+        for kind in ("warmup_constant", "rnnt_warmup_hold_decay", "cosine", None):
+            with self.subTest(kind):
+                with self.assertRaises(pb.BaselineError) as e:
+                    pb.shard_config(self.small_document(kind), "gpt3", "SOURCE")
+                self.assertIn(f"SOURCE: training.schedule.kind is {json.dumps(kind)}, expected "
+                              f"\"warmup_cosine\": pytorch_baseline.py implements only that schedule",
+                              str(e.exception))
+        with self.assertRaisesRegex(ValueError, "schedule kind 'warmup_constant'"):
+            pb.lr_at(0, {"schedule": "warmup_constant", "lr": 1.0, "min_lr": 0.0, "warmup_steps": 1,
+                         "decay_steps": 2})
+
+    def test_config_file_overrides(self):
+        # --lr, --min-lr, --warmup-steps, --decay-steps with --config FILE: the file's values replaced as
+        # replay replaces its preset's, then checked as replay checks them.
+        with tempfile.TemporaryDirectory() as d:
+            path = write_json_file(d, "small.json", self.small_document())
+            o = pb.load_shard_config("gpt3", config_path=path, schedule={"warmup_steps": 4, "lr": 0.1,
+                                                                         "decay_steps": None})["optimizer"]
+            self.assertEqual((o["lr"], o["min_lr"], o["warmup_steps"], o["decay_steps"]), (0.1, 0.125, 4, 10))
+            self.assertEqual(pb.lr_at(0, o), to_f32(to_f32(0.1) / 4))
+            with self.assertRaises(pb.BaselineError) as e:
+                pb.load_shard_config("gpt3", config_path=path, schedule={"warmup_steps": 10})
+            self.assertIn(f"--config {path} with --warmup-steps 10: training.schedule.decay_steps is 10, "
+                          f"expected an integer above warmup_steps 10", str(e.exception))
+            with open(path) as f:
+                self.assertEqual(json.load(f)["training"]["schedule"]["warmup_steps"], 3)  # file untouched
 
 
 class Gpt3Shapes(unittest.TestCase):
@@ -628,24 +867,21 @@ class Gpt3DefaultLayers(unittest.TestCase):
 
 class Gpt3Schedule(unittest.TestCase):
     def test_warmup_then_cosine(self):
-        o = pb.GPT3_OPTIMIZER
-        self.assertAlmostEqual(pb.lr_at(0), o["lr"] / o["warmup_steps"])
-        self.assertAlmostEqual(pb.lr_at(o["warmup_steps"] - 1), o["lr"])
-        self.assertAlmostEqual(pb.lr_at(o["warmup_steps"]), o["lr"])
-        middle = (o["warmup_steps"] + o["decay_steps"]) / 2
-        self.assertAlmostEqual(pb.lr_at(middle), (o["lr"] + o["min_lr"]) / 2)
-        self.assertAlmostEqual(pb.lr_at(o["decay_steps"]), o["min_lr"])
-        self.assertAlmostEqual(pb.lr_at(10 * o["decay_steps"]), o["min_lr"])
-        lrs = [pb.lr_at(s) for s in range(0, 2 * o["decay_steps"], 997)]
+        o = real("gpt3", "175b-tp4")["optimizer"]
+        W, T = o["warmup_steps"], o["decay_steps"]
+        self.assertAlmostEqual(pb.lr_at(0, o) / (o["lr"] / W), 1.0, places=6)
+        self.assertAlmostEqual(pb.lr_at(W - 1, o) / o["lr"], 1.0, places=6)
+        self.assertAlmostEqual(pb.lr_at((W + T) // 2, o) / ((o["lr"] + o["min_lr"]) / 2), 1.0, places=6)
+        self.assertAlmostEqual(pb.lr_at(10 * T, o) / o["min_lr"], 1.0, places=6)
+        lrs = [pb.lr_at(s, o) for s in range(0, 2 * T, T // 5000)]
         peak = lrs.index(max(lrs))
         self.assertTrue(all(a <= b for a, b in zip(lrs[:peak], lrs[1:peak + 1])))
         self.assertTrue(all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1:])))
 
     def test_mlperf_hyperparameters(self):
-        o = pb.GPT3_OPTIMIZER
-        self.assertEqual((o["betas"], o["eps"], o["weight_decay"], o["clip_norm"]),
-                         ((0.9, 0.95), 1e-8, 0.1, 1.0))
-        self.assertEqual(o["warmup_steps"], math.ceil(265 * 1536 / 1536))
+        o = real("gpt3", "175b-tp4")["optimizer"]
+        self.assertEqual((o["betas"], o["eps"], o["weight_decay"], o["clip_norm"]), ((0.9, 0.95), 1e-8, 0.1, 1.0))
+        self.assertEqual((o["lr"], o["min_lr"]), (2e-5, 2e-6))
 
 
 class Gpt3Data(unittest.TestCase):
@@ -734,7 +970,9 @@ class Gpt3Json(unittest.TestCase):
         self.assertEqual((c["layers"], c["heads"], c["ffn"], c["vocab"], c["vocab_shard"], c["data_vocab"]),
                          (7, 24, 12288, 50688, 12672, 50257))
         self.assertAlmostEqual(d["throughput"]["tokens_per_s"], 2048 / 0.2025)
-        self.assertEqual(d["optimizer"]["warmup_steps"], 265)
+        self.assertEqual((d["optimizer"]["warmup_steps"], d["optimizer"]["decay_steps"]), (407040, 166809600))
+        self.assertEqual(d["optimizer"], dict(printed_optimizer(pb.run_print_config(BIN, "gpt3", "175b-tp4")[0]),
+                                              betas=[0.9, 0.95], implementation=pb.OPTIMIZER_IMPLEMENTATION))
 
     def test_schema_keys(self):
         d = document(tiny("gpt3"), 2)
@@ -824,28 +1062,24 @@ class Llama31DefaultLayers(unittest.TestCase):
 
 class Llama31Optimizer(unittest.TestCase):
     def test_replays_mlperf_settings(self):
-        # workloads/llama31/llama31.cpp mlperf_optimizer: 8e-5 x GBS / 1152 down to 8e-7, warm-up
-        # ceil(8000 x 1152 / GBS), decay ceil(1,200,000 x 1152 / GBS); AdamW 0.9/0.95, eps 1e-5, wd 0.1.
-        o = pb.llama31_optimizer(4)
-        self.assertAlmostEqual(o["lr"], 8e-5 * 4 / 1152)
+        # workloads/llama31/llama31.cpp mlperf_training at a global batch of 4: 8e-5 x 4 / 1152 (as float32)
+        # down to 8e-7, warm-up ceil(8000 x 1152 / 4), decay ceil(1,200,000 x 1152 / 4); AdamW 0.9/0.95,
+        # eps 1e-5, weight decay 0.1, clip 1.0.
+        o = real("llama31", "405b-tp8", 4)["optimizer"]
+        self.assertEqual(o["lr"], pb.fp32_decimal(8e-5 * 4 / 1152))
         self.assertEqual((o["min_lr"], o["warmup_steps"], o["decay_steps"]), (8e-7, 2304000, 345600000))
         self.assertEqual((o["betas"], o["eps"], o["weight_decay"], o["clip_norm"]), ((0.9, 0.95), 1e-5, 0.1, 1.0))
-        self.assertEqual(pb.llama31_optimizer(5)["warmup_steps"], 1843200)
-        self.assertEqual(pb.llama31_optimizer(7)["warmup_steps"], -(-8000 * 1152 // 7))  # rounded up
 
     def test_global_batch_of_the_configuration(self):
-        t = tiny("llama31")
-        self.assertEqual(t["optimizer"], pb.llama31_optimizer(t["micro_batch"] * t["microbatches"]))
-        doc = tiny_doc("llama31")
-        doc["config"]["microbatches"] = 3
-        self.assertEqual(pb.shard_config(doc, "llama31")["optimizer"],
-                         pb.llama31_optimizer(t["micro_batch"] * 3))
+        # The schedule follows the micro-batches the binary was asked for.
+        o1, o4 = real("llama31", "405b-tp8")["optimizer"], real("llama31", "405b-tp8", 4)["optimizer"]
+        self.assertEqual((o1["warmup_steps"], o4["warmup_steps"]), (4 * 2304000, 2304000))
+        self.assertAlmostEqual(o4["lr"] / o1["lr"], 4.0, places=6)
 
     def test_schedule(self):
-        o = pb.llama31_optimizer(1152)
-        self.assertAlmostEqual(pb.lr_at(0, o), 8e-5 / 8000)
-        self.assertAlmostEqual(pb.lr_at(7999, o), 8e-5)
-        self.assertAlmostEqual(pb.lr_at(1_200_000, o), 8e-7)
+        o = real("llama31", "405b-tp8", 4)["optimizer"]
+        self.assertEqual(pb.lr_at(2304000 - 1, o), to_f32(o["lr"]))
+        self.assertEqual(pb.lr_at(345600000, o), to_f32(8e-7))
 
 
 class Llama31Rope(unittest.TestCase):
@@ -1078,12 +1312,86 @@ class CommandLine(unittest.TestCase):
         self.assert_clear_error(p, "pytorch_baseline.py: error: PyTorch is not importable")
         self.assertFalse(os.path.exists(out))
 
+    def test_schedule_flags_are_checked(self):
+        for args, fragment in ((("--lr", "-1"), "--lr: must be in [0, 1000], got -1"),
+                               (("--min-lr", "x"), "--min-lr: not a number: 'x'"),
+                               (("--warmup-steps", "1.5"), "--warmup-steps: not an integer: '1.5'"),
+                               (("--decay-steps", "0"), "--decay-steps: must be >= 1, got 0")):
+            for workload in ("gpt3", "llama31"):
+                with self.subTest(f"{workload} {args}"):
+                    p = run_cli(workload, *args, "--replay-bin", self.empty_bin, "--json", os.devnull)
+                    self.assertEqual(p.returncode, 2)
+                    self.assertIn("usage:", p.stderr)
+                    self.assertIn(fragment, p.stderr)
+
+    def test_schedule_flags_override_the_config_file(self):
+        path = self.config_file("gpt3")
+        p = run_cli("gpt3", "--config", path, "--warmup-steps", "400", "--decay-steps", "400", "--json",
+                    os.devnull)
+        self.assert_clear_error(p, f"--config {path} with --warmup-steps 400 --decay-steps 400: "
+                                   f"training.schedule.decay_steps is 400, expected an integer above "
+                                   f"warmup_steps 400")
+
+    def test_unknown_schedule_kind(self):
+        def constant(doc):
+            doc["training"]["schedule"]["kind"] = "warmup_constant"
+        p = run_cli("llama31", "--config", self.config_file("llama31", constant), "--json", os.devnull)
+        self.assert_clear_error(p, "training.schedule.kind is \"warmup_constant\", expected \"warmup_cosine\"")
+
+    @unittest.skipUnless(BINARIES, NO_BINARIES)
+    def test_schedule_flags_reach_the_binary(self):
+        p = run_cli("gpt3", "--replay-bin", BIN, "--preset", "tiny", "--warmup-steps", "0", "--json", os.devnull)
+        self.assert_clear_error(p, "`replay-gpt3 --preset tiny --warmup-steps 0 --print-config`")
+        self.assertIn("warmup_steps must be >= 1", p.stderr)
+
+    @unittest.skipIf(TORCH_PRESENT, "torch is installed here (the no-torch path cannot be exercised)")
+    @unittest.skipUnless(BINARIES, NO_BINARIES)
+    def test_schedule_flags_then_no_torch(self):
+        p = run_cli("llama31", "--replay-bin", BIN, "--preset", "tiny", "--lr", "3e-4", "--min-lr", "3e-5",
+                    "--warmup-steps", "5", "--decay-steps", "50", "--json",
+                    os.path.join(self.tmp.name, "out.json"))
+        self.assert_clear_error(p, "pytorch_baseline.py: error: PyTorch is not importable")
+
     @unittest.skipIf(TORCH_PRESENT, "torch is installed here (the no-torch path cannot be exercised)")
     @unittest.skipUnless(BINARIES, NO_BINARIES)
     def test_llama31_binary_then_no_torch(self):
         p = run_cli("llama31", "--replay-bin", BIN, "--preset", "tiny", "--microbatches", "2", "--json",
                     os.path.join(self.tmp.name, "out.json"))
         self.assert_clear_error(p, "pytorch_baseline.py: error: PyTorch is not importable")
+
+
+def cuda_torch():
+    """torch where it and a CUDA device are, else None."""
+    if not TORCH_PRESENT:
+        return None
+    import torch
+    return torch if torch.cuda.is_available() else None
+
+
+class DeviceSchedule(unittest.TestCase):
+    """pytorch_gpt3.MixedPrecisionTrainer's learning rate, computed on the device from its step counter,
+    is lr_at to the bit (needs torch and a CUDA device; skipped otherwise)."""
+
+    def test_trainer_learning_rate_is_lr_at(self):
+        torch = cuda_torch()
+        if torch is None:
+            self.skipTest("needs torch with a CUDA device")
+        from pytorch_gpt3 import MixedPrecisionTrainer
+        small = {"schedule": "warmup_cosine", "lr": 0.5, "min_lr": 0.125, "warmup_steps": 3, "decay_steps": 10,
+                 "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1, "clip_norm": 1.0}
+        opts = [("small", small), ("tiny", tiny("gpt3")["optimizer"])]
+        if BINARIES:
+            opts += [(f"{w} {p}", real(w, p)["optimizer"])
+                     for w, p in (("gpt3", "175b-tp4"), ("llama31", "405b-tp8"))]
+        model = torch.nn.Linear(4, 4, device="cuda").to(torch.bfloat16)
+        for name, o in opts:
+            with self.subTest(name):
+                trainer = MixedPrecisionTrainer(model, o)
+                W, T = o["warmup_steps"], o["decay_steps"]
+                steps = sorted(set(schedule_steps(W, T)) | set(range(0, 2 * T, max(1, T // 997))))
+                for step in steps:
+                    trainer.step_count.fill_(step)
+                    self.assertEqual(trainer.learning_rate().item(), pb.lr_at(step, o), step)
 
 
 if __name__ == "__main__":
