@@ -61,7 +61,8 @@ nlohmann::ordered_json to_json(const TrainingConfig& t) {
                    {"min_lr", decimal(s.min_lr)},
                    {"warmup_steps", s.warmup_steps},
                    {"decay_steps", s.total_steps},
-                   {"text", describe(s)}};
+                   {"text", describe(s)},
+                   {"source", t.schedule_source}};
   if (t.loss_scaling) {
     const LossScalerConfig& l = *t.loss_scaling;
     j["loss_scaling"] = {{"init_scale", decimal(l.init_scale)},
@@ -111,6 +112,9 @@ TrainingConfig training_config(const Workload& w, const RunFlags& f) {
   if (!std::isnan(f.min_lr)) s.min_lr = static_cast<float>(f.min_lr);
   if (f.warmup_steps >= 0) s.warmup_steps = f.warmup_steps;
   if (f.decay_steps >= 0) s.total_steps = f.decay_steps;
+  if (!std::isnan(f.lr) || !std::isnan(f.min_lr) || f.warmup_steps >= 0 || f.decay_steps >= 0)
+    t.schedule_source +=
+        std::string(t.schedule_source.empty() ? "" : ", ") + "with the schedule flags applied";
   try {
     validate(s);
   } catch (const Error& e) {
@@ -136,7 +140,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   const TrainingConfig training = training_config(w, f);
   std::fprintf(out, "# %s %s: %s\n%s", info.tool.c_str(), version(),
                find_preset(w, f.preset).description.c_str(), describe(f).c_str());
-  std::fprintf(out, "# schedule: %s\n", describe(training.schedule).c_str());
+  std::fprintf(out, "# schedule: %s%s%s\n", describe(training.schedule).c_str(),
+               training.schedule_source.empty() ? "" : "; ", training.schedule_source.c_str());
 
   // Data first: a missing or malformed file is an error before any GPU work.
   w.open_data(f, out);

@@ -53,6 +53,9 @@ struct TrainingConfig {
   LrSchedule schedule;
   float clip_norm = 1.0f;                        // <= 0: no clipping
   std::optional<LossScalerConfig> loss_scaling;  // none: a constant scale of 1 (bf16, fp32)
+  // Where the schedule comes from, printed with it: "MLPerf GPT-3: 265 x 1536 warm-up samples and
+  // 166,809,600 decay samples, at the shard's global batch of 1 sequence a step".
+  std::string schedule_source;
 };
 
 // Who the workload is: names in output, JSON and mllog.

@@ -26,6 +26,10 @@ TEST(Gpt3Modes, LossesAndWeightsAreBitIdenticalAcrossModesAndTheLossFalls) {
   test::expect_modes_bit_identical_and_loss_falls(recipe(), {"--steps", "12", "--dropout", "0.1"});
 }
 
+TEST(Gpt3Schedule, TheTinyPresetLearnsWithinAFewHundredSteps) {
+  test::expect_tiny_schedule_learns(recipe());
+}
+
 TEST(Gpt3Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

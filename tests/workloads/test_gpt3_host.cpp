@@ -73,6 +73,21 @@ TEST(Gpt3Cli, PrintConfigGivesTheResolvedShardWithoutAGpu) {
   EXPECT_DOUBLE_EQ(j["training"]["schedule"]["lr"].get<double>(), 1e-4);
   EXPECT_EQ(j["training"]["schedule"]["warmup_steps"], 407040);
   EXPECT_TRUE(j["training"]["loss_scaling"].is_null());
+  EXPECT_TRUE(has(j["training"]["schedule"]["source"].get<std::string>(), "MLPerf GPT-3"));
+  EXPECT_TRUE(has(j["training"]["schedule"]["source"].get<std::string>(), "schedule flags"));
+}
+
+TEST(Gpt3Cli, TheTinyPresetHasAScheduleOfItsOwnAndTheShardsMlperfs) {
+  const nlohmann::json tiny = nlohmann::json::parse(run_binary("--print-config").output);
+  EXPECT_DOUBLE_EQ(tiny["training"]["schedule"]["lr"].get<double>(), 3e-3);
+  EXPECT_EQ(tiny["training"]["schedule"]["warmup_steps"], 20);
+  EXPECT_EQ(tiny["training"]["schedule"]["decay_steps"], 400);
+  EXPECT_TRUE(has(tiny["training"]["schedule"]["source"].get<std::string>(), "tiny preset's own"));
+  const Outcome shard = run_binary("--preset 175b-tp8 --microbatches 2 --print-config");
+  const nlohmann::json j = nlohmann::json::parse(shard.output);
+  EXPECT_DOUBLE_EQ(j["training"]["schedule"]["lr"].get<double>(), 2e-5);
+  EXPECT_EQ(j["training"]["schedule"]["warmup_steps"], 265 * 1536 / 2);
+  EXPECT_TRUE(has(j["training"]["schedule"]["source"].get<std::string>(), "global batch of 2"));
 }
 
 TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {

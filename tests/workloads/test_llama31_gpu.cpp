@@ -27,6 +27,10 @@ TEST(Llama31Modes, LossesAndWeightsAreBitIdenticalAcrossModesAndTheLossFalls) {
   test::expect_modes_bit_identical_and_loss_falls(recipe(), {"--steps", "12"});
 }
 
+TEST(Llama31Schedule, TheTinyPresetLearnsWithinAFewHundredSteps) {
+  test::expect_tiny_schedule_learns(recipe());
+}
+
 TEST(Llama31Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

@@ -134,6 +134,28 @@ void expect_modes_bit_identical_and_loss_falls(const transformer::Recipe& w,
   EXPECT_GT(full.report.graph_nodes, layer.report.graph_nodes);
 }
 
+void expect_tiny_schedule_learns(const transformer::Recipe& r) {
+  transformer::TransformerWorkload w(r);
+  const train::RunFlags f = resolved(w, {"--preset", "tiny", "--graphs", "full", "--steps", "300",
+                                         "--seed", "7", "--log-interval", "100"});
+  const train::TrainingConfig t = train::training_config(w, f);
+  EXPECT_EQ(t.schedule.warmup_steps, 20);
+  EXPECT_EQ(t.schedule.total_steps, 400);
+  train::RunOptions options;
+  options.measure_peak = false;
+  const RunResult run = train::run(w, f, stdout, options);
+  const std::vector<float>& losses = run.report.losses;
+  ASSERT_EQ(losses.size(), 300u);
+  ASSERT_TRUE(run.report.loss_floor.has_value());
+  const double floor = *run.report.loss_floor;
+  double tail = 0;
+  for (size_t i = 250; i < 300; ++i) tail += losses[i] / 50.0;
+  EXPECT_GT(losses.front(), 5.5f);
+  EXPECT_LT(tail, floor + 0.4) << "the tiny schedule left the loss at " << tail << ", floor "
+                               << floor;
+  EXPECT_GT(tail, floor - 0.05) << "below the entropy floor: the loss is not what it claims";
+}
+
 void expect_accumulation_bit_identical(const transformer::Recipe& w,
                                        const std::vector<std::string>& args, ModeRuns* runs) {
   runs->none = run_mode(w, "none", args);

@@ -40,6 +40,10 @@ train::RunResult run_tiny(const transformer::Recipe& r, const std::vector<std::s
 void expect_modes_bit_identical_and_loss_falls(const transformer::Recipe& r,
                                                const std::vector<std::string>& args);
 
+// The tiny preset with its own schedule (no schedule flags) learns: 300 steps in full mode take the
+// loss from about ln 512 to within 0.4 nats of the data's floor (the mean of the last 50 steps).
+void expect_tiny_schedule_learns(const transformer::Recipe& r);
+
 // With `args` (two micro-batches) none, full and layer give bit-identical results; `full` and
 // `layer` are left in the runs for the caller's graph-count checks.
 struct ModeRuns {

@@ -50,6 +50,10 @@ train::TrainingConfig mlperf_training(int64_t global_batch) {
   o.schedule.min_lr = 2e-6f;
   o.schedule.warmup_steps = (kWarmupSamples + global_batch - 1) / global_batch;
   o.schedule.total_steps = (kDecaySamples + global_batch - 1) / global_batch;
+  o.schedule_source =
+      "MLPerf GPT-3: 265 x 1536 warm-up samples and 166,809,600 decay samples, in "
+      "steps of the shard's global batch of " +
+      std::to_string(global_batch) + " sequence(s)";
   o.clip_norm = 1.0f;
   return o;
 }
@@ -61,12 +65,16 @@ const transformer::Recipe& recipe() {
       "GPT-3 175B",
       kModelLayers,
       {
-          {{"tiny", "2 layers of width 128: the test model, seconds on one GPU", 20}, tiny()},
+          {{"tiny", "2 layers of width 128: the test model, seconds on one GPU", 20},
+           tiny(),
+           transformer::tiny_schedule()},
           {{"175b-tp4",
             "GPT-3 175B, one GPU of NVIDIA's H100 layout (TP4, micro-batch 1, sequence 2048)", 50},
-           gpt3_175b(4)},
+           gpt3_175b(4),
+           std::nullopt},
           {{"175b-tp8", "GPT-3 175B, one GPU at TP8 (micro-batch 1, sequence 2048)", 50},
-           gpt3_175b(8)},
+           gpt3_175b(8),
+           std::nullopt},
       },
       mlperf_training,
       {"adam", k::kOptAdamBeta1, k::kOptAdamBeta2, k::kOptAdamEpsilon, k::kOptWeightDecay},

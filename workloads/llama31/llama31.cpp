@@ -69,6 +69,10 @@ train::TrainingConfig mlperf_training(int64_t global_batch) {
   o.schedule.min_lr = 8e-7f;
   o.schedule.warmup_steps = (kWarmupSteps * kReferenceBatch + global_batch - 1) / global_batch;
   o.schedule.total_steps = (kDecaySteps * kReferenceBatch + global_batch - 1) / global_batch;
+  o.schedule_source =
+      "MLPerf Llama 3.1 405B: 8000 warm-up and 1,200,000 decay steps of 1152 "
+      "sequences, and 8e-5 x GBS / 1152, at the shard's global batch of " +
+      std::to_string(global_batch) + " sequence(s)";
   o.clip_norm = 1.0f;
   return o;
 }
@@ -81,14 +85,17 @@ const transformer::Recipe& recipe() {
       kModelLayers,
       {
           {{"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model", 20},
-           tiny()},
+           tiny(),
+           transformer::tiny_schedule()},
           {{"405b-tp8",
             "Llama 3.1 405B, one GPU of NVIDIA's H100 layout (TP8, micro-batch 1, sequence 8192)",
             20},
-           llama31_405b(8)},
+           llama31_405b(8),
+           std::nullopt},
           {{"405b-tp4",
             "Llama 3.1 405B, one GPU of the H200 layout (TP4, micro-batch 1, sequence 8192)", 20},
-           llama31_405b(4)},
+           llama31_405b(4),
+           std::nullopt},
       },
       mlperf_training,
       {"adamw", k::kOptAdamwBeta1, k::kOptAdamwBeta2, k::kOptAdamwEpsilon, k::kOptAdamwWeightDecay},

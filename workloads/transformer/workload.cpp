@@ -23,6 +23,16 @@ data::MarkovDatasetParams dataset_params(const TransformerShape& shape) {
   return p;
 }
 
+train::LrSchedule tiny_schedule() {
+  train::LrSchedule s;
+  s.kind = train::LrKind::kWarmupCosine;
+  s.base_lr = 3e-3f;
+  s.min_lr = 3e-4f;
+  s.warmup_steps = 20;
+  s.total_steps = 400;
+  return s;
+}
+
 // ---- The model ---------------------------------------------------------------------------------
 
 TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& shape,
@@ -143,6 +153,7 @@ void TransformerWorkload::resolve(const train::RunFlags& flags) {
   for (const Preset& p : recipe_.presets)
     if (p.info.name == flags.preset) preset = &p;
   REPLAY_REQUIRE(preset != nullptr, "the driver resolves known presets only");
+  preset_ = preset;
   if (dropout_flag_ == 1.0)
     throw bench::UsageError("--dropout: must be below 1 (1 drops everything)");
   shape_ = preset->shape;
@@ -188,7 +199,14 @@ nlohmann::ordered_json TransformerWorkload::config() const {
 }
 
 train::TrainingConfig TransformerWorkload::training() const {
-  return recipe_.mlperf_training(shape_.micro_batch * microbatches_);
+  train::TrainingConfig t = recipe_.mlperf_training(shape_.micro_batch * microbatches_);
+  if (preset_ != nullptr && preset_->schedule) {
+    t.schedule = *preset_->schedule;
+    t.schedule_source = "the " + preset_->info.name +
+                        " preset's own, which learns within a few hundred steps (the rest of the "
+                        "optimizer is MLPerf's)";
+  }
+  return t;
 }
 
 void TransformerWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
