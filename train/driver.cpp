@@ -100,6 +100,9 @@ RunFlags resolve(Workload& w, RunFlags f) {
   if (f.seed == 0) f.seed = bench::seed_from_clock();
   if (f.eval_interval > 0 && !w.evaluates())
     throw bench::UsageError("--eval-interval: " + w.info().tool + " has no evaluation yet");
+  if (!std::isnan(f.target_quality) && f.eval_interval == 0)
+    throw bench::UsageError(
+        "--target-quality: the run stops at an evaluation that reaches it; give --eval-interval");
   w.resolve(f);
   training_config(w, f);  // the schedule the flags make must be valid
   return f;
@@ -165,6 +168,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.seed = f.seed;
   topt.measure_peak = options.measure_peak;
   topt.fault = graphs::parse_fault(f.inject);
+  topt.evaluate = f.eval_interval > 0;
   Trainer trainer(ctx, *model, training, topt);
   std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", model->describe().c_str(),
                model->params().total_numel());
@@ -212,6 +216,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   }
   mllog.end(k::kInitStop);
   mllog.start(k::kRunStart);
+  const auto run_start = std::chrono::steady_clock::now();
   mllog.start(k::kBlockStart, {{k::kSamplesCount, 0}});
 
   // The timed steps, with evaluations between them.
@@ -243,7 +248,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   };
   callbacks.after_step = [&](int64_t step) {
     const int64_t done = step + 1;
-    if (f.eval_interval == 0 || (done % f.eval_interval != 0 && done != f.steps)) return false;
+    if (f.eval_interval == 0 || (done % f.eval_interval != 0 && done != f.steps))
+      return bench::LoopCallbacks::After::kNothing;
     const auto samples = static_cast<int64_t>(static_cast<double>(done) * samples_per_step);
     mllog.end(k::kBlockStop, {{k::kSamplesCount, samples}});
     mllog.start(k::kEvalStart, {{k::kSamplesCount, samples}});
@@ -254,13 +260,35 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n", done,
                  eval->metric.c_str(), value, eval_samples, ms_since(e0));
     rep.evals.push_back({done, eval_samples, value});
+    const bool reached =
+        !std::isnan(f.target_quality) &&
+        (eval->higher_is_better ? value >= f.target_quality : value <= f.target_quality);
+    if (reached) {
+      rep.steps_to_target = done;
+      return bench::LoopCallbacks::After::kStop;
+    }
     if (done != f.steps) mllog.start(k::kBlockStart, {{k::kSamplesCount, samples}});
-    return true;
+    return bench::LoopCallbacks::After::kWorked;
   };
   const bench::LoopResult result = bench::run_steps(ctx.stream(), loop, callbacks, out);
-  const auto trained = static_cast<int64_t>(static_cast<double>(f.steps) * samples_per_step);
+  const auto trained =
+      static_cast<int64_t>(static_cast<double>(result.steps_run) * samples_per_step);
   if (f.eval_interval == 0) mllog.end(k::kBlockStop, {{k::kSamplesCount, trained}});
-  mllog.end(k::kRunStop, {{k::kStatus, k::kSuccess}});
+  const bool aborted = !std::isnan(f.target_quality) && !rep.steps_to_target;
+  mllog.end(k::kRunStop, {{k::kStatus, aborted ? k::kAborted : k::kSuccess}});
+  if (!std::isnan(f.target_quality)) {
+    rep.target_quality = f.target_quality;
+    if (rep.steps_to_target) {
+      rep.time_to_train_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      std::fprintf(out, "# target %s %g reached after %" PRId64 " steps: %.3f s to train\n",
+                   eval->metric.c_str(), f.target_quality, *rep.steps_to_target,
+                   *rep.time_to_train_s);
+    } else {
+      std::fprintf(out, "# target %s %g not reached in %" PRId64 " steps (run_stop aborted)\n",
+                   eval->metric.c_str(), f.target_quality, result.steps_run);
+    }
+  }
 
   // The summary.
   rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -

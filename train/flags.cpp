@@ -108,6 +108,10 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
   app.add_option("--eval-samples", f.eval_samples,
                  "held-out samples per evaluation (0: the workload's default)")
       ->check(integer_in(0, kMaxInt));
+  app.add_option("--target-quality", f.target_quality,
+                 "stop at the first evaluation that reaches this value of the workload's metric "
+                 "and report the time to train (needs --eval-interval)")
+      ->check(number_in(-1e30, 1e30));
   app.add_option("--lr", f.lr, "peak learning rate (default: the preset's schedule)")
       ->check(number_in(0.0, 1e3));
   app.add_option("--min-lr", f.min_lr, "learning rate the decay ends at (default: the preset's)")
@@ -168,6 +172,7 @@ std::string describe(const RunFlags& f) {
   if (!std::isnan(f.min_lr)) os << "# min_lr: " << f.min_lr << "\n";
   if (f.warmup_steps >= 0) os << "# warmup_steps: " << f.warmup_steps << "\n";
   if (f.decay_steps >= 0) os << "# decay_steps: " << f.decay_steps << "\n";
+  if (!std::isnan(f.target_quality)) os << "# target_quality: " << f.target_quality << "\n";
   if (f.eval_interval > 0)
     os << "# eval_interval: " << f.eval_interval << "\n# eval_samples: " << f.eval_samples << "\n";
   if (!f.inject.empty()) os << "# inject: " << f.inject << "\n";

@@ -1,6 +1,7 @@
 // flags.h: the protocol flags every replay workload binary takes (--preset, --graphs, --steps,
 // --warmup, --seed, --data, --json, --mllog, --verify-graphs, --host-delay-us, --log-interval,
-// --device, --inject, --eval-interval, --eval-samples, --print-config, and the schedule's --lr,
+// --device, --inject, --eval-interval, --eval-samples, --target-quality, --print-config, and the
+// schedule's --lr,
 // --min-lr, --warmup-steps, --decay-steps), parsed with CLI11 together
 // with the flags a workload adds for itself (--layers, --dropout, ...), and the validators both
 // use, whose messages say what was expected ("--steps: 'many' is not an integer").
@@ -38,6 +39,7 @@ struct RunFlags {
   int64_t eval_interval = 0;    // steps between evaluations (and one after the last step); 0: none
   int64_t eval_samples = 0;     // held-out samples per evaluation; 0: the workload's default
   bool print_config = false;    // print the resolved configuration as JSON and exit
+  double target_quality = NAN;  // stop at the first evaluation that reaches it (time to train)
   // The learning-rate schedule, overriding the preset's where set (NaN, -1: the preset's).
   double lr = NAN;            // peak (base) learning rate
   double min_lr = NAN;        // the rate the decay ends at

@@ -59,7 +59,10 @@ void Trainer::allocate() {
   readback_ = std::make_unique<graphs::ReadbackRing>(kReadbackSlots, &scalars_->iteration,
                                                      std::move(fields));
   build_step_plan();
-  if (model_.evaluation()) build_eval_plan();
+  if (options_.evaluate) {
+    REPLAY_REQUIRE(model_.evaluation().has_value(), "an evaluating run of a model without one");
+    build_eval_plan();
+  }
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

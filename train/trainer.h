@@ -43,6 +43,7 @@ struct TrainerOptions {
   uint64_t seed = 1;         // weights, dropout
   bool measure_peak = true;  // measure the bf16 GEMM peak at allocate() (its buffers share memory)
   graphs::Fault fault = graphs::Fault::kNone;  // --inject
+  bool evaluate = false;  // build the model's evaluation plan (a run with --eval-interval)
 };
 
 class Trainer {
@@ -62,7 +63,7 @@ class Trainer {
   const ArenaPlan& arena_plan() const { return plan_; }
 
   // Creates the run's arena, measures the peak, initializes parameters, step scalars and RNG, and
-  // declares the step plan (and the evaluation plan when the model has one). Synchronizes.
+  // declares the step plan (and, with options.evaluate, the evaluation plan). Synchronizes.
   void allocate();
   const Arena& arena() const;
   size_t used_before_arena() const { return used_before_arena_; }  // device memory in use before it

@@ -104,6 +104,7 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
   r.losses.assign(steps, NAN);
   std::vector<double> host_us(steps);
 
+  int64_t last = c.steps;  // the step count the loop ends at (fewer when after_step stops it)
   int64_t next_read = 0;   // steps [0, next_read) have been read back
   int64_t line_start = 0;  // first step of the current progress window
   auto read_until = [&](int64_t stop) {
@@ -111,7 +112,7 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
       const int64_t s = next_read;
       const StepSample sample = cb.read(s);
       r.losses[static_cast<size_t>(s)] = static_cast<float>(sample.loss);
-      if ((s + 1) % c.log_interval != 0 && s + 1 != c.steps) continue;
+      if ((s + 1) % c.log_interval != 0 && s + 1 != last) continue;
       // Step s was read, so the events after it (recorded right after it) are done or about to be.
       const size_t last = static_cast<size_t>(s);
       REPLAY_CUDA_CHECK(cudaEventSynchronize(
@@ -137,6 +138,7 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
 
   char range[32];
   REPLAY_CUDA_CHECK(cudaEventRecord(start[0], stream));
+  size_t run = steps;  // steps executed
   for (size_t k = 0; k < steps; ++k) {
     std::snprintf(range, sizeof(range), "step %zu", k);
     nvtxRangePushA(range);
@@ -146,14 +148,23 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
     nvtxRangePop();
     REPLAY_CUDA_CHECK(cudaEventRecord(end[k], stream));
     host_us[k] = std::chrono::duration<double, std::micro>(t1 - t0).count();
-    if (cb.after_step) worked_after[k] = cb.after_step(static_cast<int64_t>(k)) ? 1 : 0;
+    const LoopCallbacks::After after =
+        cb.after_step ? cb.after_step(static_cast<int64_t>(k)) : LoopCallbacks::After::kNothing;
+    worked_after[k] = after != LoopCallbacks::After::kNothing ? 1 : 0;
+    if (after == LoopCallbacks::After::kStop) {
+      run = k + 1;
+      last = static_cast<int64_t>(run);
+      break;
+    }
     read_until(static_cast<int64_t>(k) + 1 - c.readback_lag);
     if (k + 1 < steps) REPLAY_CUDA_CHECK(cudaEventRecord(start[k + 1], stream));
   }
-  read_until(c.steps);
-  REPLAY_CUDA_CHECK(cudaEventSynchronize(end[steps - 1]));
+  read_until(static_cast<int64_t>(run));
+  REPLAY_CUDA_CHECK(cudaEventSynchronize(end[run - 1]));
+  r.steps_run = static_cast<int64_t>(run);
+  r.losses.resize(run);
 
-  for (size_t k = static_cast<size_t>(c.untimed_steps); k < steps; ++k) {
+  for (size_t k = std::min(static_cast<size_t>(c.untimed_steps), run - 1); k < run; ++k) {
     r.step_ms.push_back(step_ms(k));
     r.host_enqueue_us.push_back(host_us[k]);
   }
@@ -286,6 +297,7 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
   j["weights_hash"] = r.weights_hash ? ordered_json(*r.weights_hash) : ordered_json(nullptr);
   j["loss_floor"] = r.loss_floor && std::isfinite(*r.loss_floor) ? ordered_json(*r.loss_floor)
                                                                  : ordered_json(nullptr);
+  auto or_null_opt = [](const auto& v) { return v ? ordered_json(*v) : ordered_json(nullptr); };
   if (r.eval_metric.empty()) {
     j["evaluation"] = nullptr;
   } else {
@@ -297,6 +309,9 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
            {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)}});
     j["evaluation"] = {{"metric", r.eval_metric}, {"results", results}};
   }
+  j["target_quality"] = or_null_opt(r.target_quality);
+  j["steps_to_target"] = or_null_opt(r.steps_to_target);
+  j["time_to_train_s"] = or_null_opt(r.time_to_train_s);
   return j;
 }
 
@@ -360,6 +375,15 @@ std::string summary(const WorkloadReport& r) {
   for (const EvalResult& e : r.evals)
     add("%-22s %s %.6g after step %" PRId64 " (%" PRId64 " samples)\n", "evaluation",
         r.eval_metric.c_str(), e.value, e.step, e.samples);
+  if (r.target_quality) {
+    if (r.steps_to_target)
+      add("%-22s %s %.6g reached after %" PRId64 " steps, %.3f s (run_start to run_stop)\n",
+          "time to train", r.eval_metric.c_str(), *r.target_quality, *r.steps_to_target,
+          r.time_to_train_s.value_or(NAN));
+    else
+      add("%-22s %s %.6g not reached in %d steps (status aborted)\n", "time to train",
+          r.eval_metric.c_str(), *r.target_quality, static_cast<int>(r.losses.size()));
+  }
   add("%-22s %s\n", "tensor parallelism", r.tensor_parallel_collectives.c_str());
   return os.str();
 }

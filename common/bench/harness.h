@@ -69,15 +69,17 @@ struct LoopCallbacks {
   // Called with each progress line's values (e.g. MLPerf tracked_stats). Optional.
   std::function<void(int64_t step, double units_per_s, const StepSample&)> on_progress;
   // Called after step `step` was enqueued and its end event recorded, before the next step's start
-  // event; returns whether it enqueued work (an evaluation), which is then outside every step's
-  // time. Optional.
-  std::function<bool(int64_t step)> after_step;
+  // event. Work it enqueues (an evaluation) is outside every step's time; kStop ends the loop after
+  // this step (a target quality reached). Optional.
+  enum class After { kNothing, kWorked, kStop };
+  std::function<After(int64_t step)> after_step;
 };
 
 struct LoopResult {
+  int64_t steps_run = 0;                // config.steps, or fewer when after_step stopped the loop
   std::vector<double> step_ms;          // per timed step, from events on the work stream
   std::vector<double> host_enqueue_us;  // per timed step, host clock around enqueue()
-  std::vector<float> losses;            // every step's loss, in order
+  std::vector<float> losses;            // every step's loss, in order (steps_run of them)
   Stats step_stats;                     // over step_ms
   Stats host_stats;                     // over host_enqueue_us
 };
@@ -143,6 +145,11 @@ struct WorkloadReport {
   std::optional<double> loss_floor;
   std::string eval_metric;  // empty: the run did not evaluate
   std::vector<EvalResult> evals;
+  // Time to train (--target-quality): the target, the steps that reached it and MLPerf's measure,
+  // run_start to run_stop; the last two absent when it was not reached.
+  std::optional<double> target_quality;
+  std::optional<int64_t> steps_to_target;
+  std::optional<double> time_to_train_s;
 
   double units_per_s() const;
   double model_tflops() const;

@@ -43,8 +43,16 @@ BatchStream::BatchStream(TokenFile file, const StreamOptions& options)
       options_(options),
       micro_batch_(file_.shape().micro_batch),
       seq_len_(file_.info().seq_len),
-      batches_per_epoch_(file_.info().num_sequences / micro_batch_) {
+      num_rows_(options.num_rows > 0 ? options.num_rows
+                                     : file_.info().num_sequences - options.first_row),
+      batches_per_epoch_(num_rows_ / micro_batch_) {
   REPLAY_REQUIRE(options.ring_slots >= 1, "the ring needs at least one slot");
+  REPLAY_REQUIRE(options.first_row >= 0 && num_rows_ >= micro_batch_ &&
+                     options.first_row + num_rows_ <= file_.info().num_sequences,
+                 "rows [" + std::to_string(options.first_row) + ", " +
+                     std::to_string(options.first_row + num_rows_) + ") of a file of " +
+                     std::to_string(file_.info().num_sequences) +
+                     " sequences do not hold a micro-batch of " + std::to_string(micro_batch_));
   const size_t slot_tokens = static_cast<size_t>(micro_batch_ * (seq_len_ + 1));
   if (!options.host_only) REPLAY_CUDA_CHECK(cudaGetDevice(&device_));
   slots_.resize(static_cast<size_t>(options.ring_slots));
@@ -86,7 +94,7 @@ void BatchStream::prefetch_loop() {
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
       REPLAY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     }
-    BatchOrder order(file_.info().num_sequences, micro_batch_, options_.shuffle, options_.seed);
+    BatchOrder order(num_rows_, micro_batch_, options_.shuffle, options_.seed);
     std::vector<int64_t> rows(static_cast<size_t>(micro_batch_));
     const int64_t ring = static_cast<int64_t>(slots_.size());
     const int64_t row_tokens = seq_len_ + 1;
@@ -104,7 +112,7 @@ void BatchStream::prefetch_loop() {
       for (int64_t r = 0; r < micro_batch_;) {  // one read per run of consecutive rows
         int64_t n = 1;
         while (r + n < micro_batch_ && rows[r + n] == rows[r] + n) ++n;
-        file_.read_rows(rows[r], n, slot.data + r * row_tokens);
+        file_.read_rows(options_.first_row + rows[r], n, slot.data + r * row_tokens);
         r += n;
       }
       {
@@ -144,7 +152,6 @@ void BatchStream::next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_ta
     b = consumed_;
   }
   const Slot& slot = slots_[static_cast<size_t>(b % static_cast<int64_t>(slots_.size()))];
-  const size_t row_bytes = static_cast<size_t>(seq_len_ + 1) * sizeof(int32_t);
   const size_t out_bytes = static_cast<size_t>(seq_len_) * sizeof(int32_t);
   if (options_.host_only) {
     for (int64_t r = 0; r < micro_batch_; ++r) {
@@ -153,11 +160,7 @@ void BatchStream::next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_ta
       std::memcpy(dst_targets + r * seq_len_, row + 1, out_bytes);
     }
   } else {
-    const auto rows = static_cast<size_t>(micro_batch_);
-    REPLAY_CUDA_CHECK(cudaMemcpy2DAsync(dst_tokens, out_bytes, slot.data, row_bytes, out_bytes,
-                                        rows, cudaMemcpyHostToDevice, stream));
-    REPLAY_CUDA_CHECK(cudaMemcpy2DAsync(dst_targets, out_bytes, slot.data + 1, row_bytes, out_bytes,
-                                        rows, cudaMemcpyHostToDevice, stream));
+    copy_rows_to_device(slot.data, micro_batch_, seq_len_, stream, dst_tokens, dst_targets);
     REPLAY_CUDA_CHECK(cudaEventRecord(slot.copied.get(), stream));
   }
   {
@@ -180,6 +183,47 @@ int64_t BatchStream::stalls() const {
 double BatchStream::stall_seconds() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::chrono::duration<double>(stall_time_).count();
+}
+
+void copy_rows_to_device(const int32_t* rows, int64_t count, int64_t seq_len, cudaStream_t stream,
+                         int32_t* dst_tokens, int32_t* dst_targets) {
+  const size_t row_bytes = static_cast<size_t>(seq_len + 1) * sizeof(int32_t);
+  const size_t out_bytes = static_cast<size_t>(seq_len) * sizeof(int32_t);
+  const auto n = static_cast<size_t>(count);
+  REPLAY_CUDA_CHECK(cudaMemcpy2DAsync(dst_tokens, out_bytes, rows, row_bytes, out_bytes, n,
+                                      cudaMemcpyHostToDevice, stream));
+  REPLAY_CUDA_CHECK(cudaMemcpy2DAsync(dst_targets, out_bytes, rows + 1, row_bytes, out_bytes, n,
+                                      cudaMemcpyHostToDevice, stream));
+}
+
+HeldOutRows::HeldOutRows(const TokenFile& file, int64_t first_row, int64_t count)
+    : count_(count), seq_len_(file.info().seq_len) {
+  REPLAY_REQUIRE(first_row >= 0 && count >= 1 && first_row + count <= file.info().num_sequences,
+                 "held-out rows [" + std::to_string(first_row) + ", " +
+                     std::to_string(first_row + count) + ") are not in a file of " +
+                     std::to_string(file.info().num_sequences) + " sequences");
+  const size_t tokens = static_cast<size_t>(count * (seq_len_ + 1));
+  REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&rows_), tokens * sizeof(int32_t),
+                                  cudaHostAllocDefault));
+  try {
+    file.read_rows(first_row, count, rows_);
+  } catch (...) {
+    cudaFreeHost(rows_);
+    throw;
+  }
+}
+
+HeldOutRows::~HeldOutRows() {
+  if (rows_) cudaFreeHost(rows_);
+}
+
+void HeldOutRows::copy(int64_t index, int64_t micro_batch, cudaStream_t stream, int32_t* dst_tokens,
+                       int32_t* dst_targets) const {
+  REPLAY_REQUIRE(index >= 0 && (index + 1) * micro_batch <= count_,
+                 "held-out batch " + std::to_string(index) + " of " + std::to_string(micro_batch) +
+                     " rows is past the " + std::to_string(count_) + " held-out rows");
+  copy_rows_to_device(rows_ + index * micro_batch * (seq_len_ + 1), micro_batch, seq_len_, stream,
+                      dst_tokens, dst_targets);
 }
 
 }  // namespace replay::data

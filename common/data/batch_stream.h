@@ -43,6 +43,10 @@ class BatchOrder {
 struct StreamOptions {
   bool shuffle = true;
   uint64_t seed = 0;
+  // The rows the stream visits: [first_row, first_row + num_rows) of the file (0 rows: to the end).
+  // The training stream of a run with a held-out split stops short of it.
+  int64_t first_row = 0;
+  int64_t num_rows = 0;
   int ring_slots = 4;  // batches read ahead
   // Plain host buffers and a synchronous memcpy into host destinations in next(), with no CUDA call
   // at all: the ring's logic, testable without a GPU. Workloads leave it false.
@@ -67,6 +71,7 @@ class BatchStream {
   void next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_targets);
 
   const TokenFileInfo& info() const { return file_.info(); }
+  int64_t num_rows() const { return num_rows_; }  // the rows it visits
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t delivered() const;     // batches handed out by next()
   int64_t stalls() const;        // next() calls that had to wait for the prefetch thread
@@ -90,7 +95,7 @@ class BatchStream {
 
   TokenFile file_;  // read only by the prefetch thread once it runs
   StreamOptions options_;
-  int64_t micro_batch_, seq_len_, batches_per_epoch_;
+  int64_t micro_batch_, seq_len_, num_rows_, batches_per_epoch_;
   int device_ = -1;
   std::vector<Slot> slots_;
 
@@ -103,6 +108,32 @@ class BatchStream {
   bool stop_ = false;
   std::exception_ptr error_;  // the prefetch thread's failure at batch produced_
   std::thread thread_;
+};
+
+// Rows [first, first + count) of rows of seq_len + 1 tokens as one micro-batch of inputs and
+// targets (dst_tokens = rows[:, :-1], dst_targets = rows[:, 1:]): two 2-D copies on `stream` from
+// pinned host memory into device buffers of [count, seq_len] int32. Outside any capture.
+void copy_rows_to_device(const int32_t* rows, int64_t count, int64_t seq_len, cudaStream_t stream,
+                         int32_t* dst_tokens, int32_t* dst_targets);
+
+// A held-out split read once into pinned memory (rows [first_row, first_row + count) of a file),
+// handed out in order, a micro-batch at a time, for evaluation: every evaluation sees the same
+// rows.
+class HeldOutRows {
+ public:
+  HeldOutRows(const TokenFile& file, int64_t first_row, int64_t count);
+  ~HeldOutRows();
+  HeldOutRows(const HeldOutRows&) = delete;
+  HeldOutRows& operator=(const HeldOutRows&) = delete;
+
+  int64_t count() const { return count_; }
+  // Micro-batch `index` (rows [index * mb, (index + 1) * mb) of the split) into the device buffers.
+  void copy(int64_t index, int64_t micro_batch, cudaStream_t stream, int32_t* dst_tokens,
+            int32_t* dst_targets) const;
+
+ private:
+  int64_t count_, seq_len_;
+  int32_t* rows_ = nullptr;  // pinned
 };
 
 }  // namespace replay::data

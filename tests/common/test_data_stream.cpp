@@ -94,6 +94,40 @@ TEST(BatchStream, DeliversEveryBatchOncePerEpochInOrder) {
   }
 }
 
+// A stream over rows [4, 12) of a 16-row file (a training split stopping short of a held-out one):
+// every epoch visits exactly those rows, shuffled or not; a range that is not in the file, or holds
+// no micro-batch, is refused.
+TEST(BatchStream, VisitsOnlyItsRowRange) {
+  TempDir dir;
+  const int64_t rows = 16, seq = 5, mb = 2;
+  test::write_indexed_file(dir.file("i.h5"), rows, seq);
+  const BatchShape shape{mb, seq, test::indexed_vocab(rows, seq)};
+  for (bool shuffle : {false, true}) {
+    StreamOptions o = host_options(shuffle, 2);
+    o.first_row = 4;
+    o.num_rows = 8;
+    BatchStream stream(TokenFile(dir.file("i.h5"), shape), o);
+    EXPECT_EQ(stream.num_rows(), 8);
+    ASSERT_EQ(stream.batches_per_epoch(), 4);
+    std::vector<int32_t> tokens(mb * seq), targets(mb * seq);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      std::set<int64_t> seen;
+      for (int64_t i = 0; i < 4; ++i) {
+        stream.next(nullptr, tokens.data(), targets.data());
+        for (int64_t r = 0; r < mb; ++r) seen.insert(tokens[r * seq] / (seq + 1));
+      }
+      EXPECT_EQ(seen, (std::set<int64_t>{4, 5, 6, 7, 8, 9, 10, 11})) << "shuffle " << shuffle;
+    }
+  }
+  StreamOptions past = host_options(false, 2);
+  past.first_row = 12;
+  past.num_rows = 8;
+  EXPECT_THROW(BatchStream(TokenFile(dir.file("i.h5"), shape), past), Error);
+  StreamOptions too_few = host_options(false, 2);
+  too_few.first_row = 15;
+  EXPECT_THROW(BatchStream(TokenFile(dir.file("i.h5"), shape), too_few), Error);
+}
+
 TEST(BatchStream, StallsOnlyWhenThePrefetchThreadIsBehind) {
   TempDir dir;
   test::write_indexed_file(dir.file("i.h5"), 16, 15);

@@ -68,13 +68,32 @@ std::vector<std::string> keys_of(const nlohmann::ordered_json& j) {
 
 TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
   const nlohmann::ordered_json j = to_json(sample_report());
-  const std::vector<std::string> expected = {
-      "tool",           "version",         "workload",   "preset",
-      "graphs",         "environment",     "config",     "tensor_parallel_collectives",
-      "step_ms",        "host_enqueue_us", "throughput", "model_tflops",
-      "flops_per_step", "flops_formula",   "mfu",        "peaks",
-      "memory",         "graphs_info",     "losses",     "loss_hash",
-      "weights_hash",   "loss_floor",      "evaluation"};
+  const std::vector<std::string> expected = {"tool",
+                                             "version",
+                                             "workload",
+                                             "preset",
+                                             "graphs",
+                                             "environment",
+                                             "config",
+                                             "tensor_parallel_collectives",
+                                             "step_ms",
+                                             "host_enqueue_us",
+                                             "throughput",
+                                             "model_tflops",
+                                             "flops_per_step",
+                                             "flops_formula",
+                                             "mfu",
+                                             "peaks",
+                                             "memory",
+                                             "graphs_info",
+                                             "losses",
+                                             "loss_hash",
+                                             "weights_hash",
+                                             "loss_floor",
+                                             "evaluation",
+                                             "target_quality",
+                                             "steps_to_target",
+                                             "time_to_train_s"};
   EXPECT_EQ(keys_of(j), expected);
   EXPECT_EQ(keys_of(j["step_ms"]),
             (std::vector<std::string>{"median", "p10", "p90", "mean", "count"}));
@@ -96,6 +115,8 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
   EXPECT_EQ(j["loss_hash"], loss_hash({6.25f, 6.0f}));
   EXPECT_EQ(j["loss_floor"].get<double>(), 1.25);
   EXPECT_TRUE(j["evaluation"].is_null());
+  EXPECT_TRUE(j["target_quality"].is_null() && j["steps_to_target"].is_null() &&
+              j["time_to_train_s"].is_null());
 }
 
 TEST(HarnessJson, ThroughputTakesTheUnitsNameAndEvaluationsAreListed) {
@@ -112,9 +133,24 @@ TEST(HarnessJson, ThroughputTakesTheUnitsNameAndEvaluationsAreListed) {
   EXPECT_EQ(j["evaluation"]["results"][1]["step"], 20);
   EXPECT_EQ(j["evaluation"]["results"][1]["samples"], 512);
   EXPECT_DOUBLE_EQ(j["evaluation"]["results"][1]["value"].get<double>(), 2.25);
-  const std::string text = summary(r);
+  std::string text = summary(r);
   EXPECT_TRUE(has(text, "images/s")) << text;
   EXPECT_TRUE(has(text, "loss 2.25 after step 20")) << text;
+
+  r.target_quality = 2.3;  // reached at the second evaluation
+  r.steps_to_target = 20;
+  r.time_to_train_s = 1.5;
+  const nlohmann::ordered_json t = to_json(r);
+  EXPECT_DOUBLE_EQ(t["target_quality"].get<double>(), 2.3);
+  EXPECT_EQ(t["steps_to_target"], 20);
+  EXPECT_DOUBLE_EQ(t["time_to_train_s"].get<double>(), 1.5);
+  text = summary(r);
+  EXPECT_TRUE(has(text, "reached after 20 steps, 1.500 s")) << text;
+  r.steps_to_target.reset();
+  r.time_to_train_s.reset();
+  EXPECT_TRUE(to_json(r)["steps_to_target"].is_null());
+  text = summary(r);
+  EXPECT_TRUE(has(text, "not reached")) << text;
 }
 
 TEST(HarnessJson, WhatWasNotMeasuredIsNull) {

@@ -30,6 +30,10 @@ TEST(Gpt3Schedule, TheTinyPresetLearnsWithinAFewHundredSteps) {
   test::expect_tiny_schedule_learns(recipe());
 }
 
+TEST(Gpt3TimeToTrain, ReachesItsTargetAtTheSameStepInEveryMode) {
+  test::expect_time_to_train(recipe());
+}
+
 TEST(Gpt3Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

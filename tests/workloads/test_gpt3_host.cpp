@@ -43,9 +43,13 @@ TEST(Gpt3Cli, BadFlagsExitTwoWithAClearMessage) {
   o = run_binary("--warmup-steps 100 --decay-steps 50");
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_TRUE(has(o.output, "learning-rate schedule")) << o.output;
-  o = run_binary("--eval-interval 10");
+  o = run_binary("--eval-interval 10 --dropout 0.1");
   EXPECT_EQ(o.status, 2) << o.output;
-  EXPECT_TRUE(has(o.output, "--eval-interval")) << o.output;
+  EXPECT_TRUE(has(o.output, "--eval-interval: evaluation runs the forward without dropout"))
+      << o.output;
+  o = run_binary("--target-quality 1.2");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--target-quality") && has(o.output, "--eval-interval")) << o.output;
   o = run_binary("--help");
   EXPECT_EQ(o.status, 0) << o.output;
   EXPECT_TRUE(has(o.output, "--host-delay-us") && has(o.output, "--layers")) << o.output;

@@ -31,6 +31,10 @@ TEST(Llama31Schedule, TheTinyPresetLearnsWithinAFewHundredSteps) {
   test::expect_tiny_schedule_learns(recipe());
 }
 
+TEST(Llama31TimeToTrain, ReachesItsTargetAtTheSameStepInEveryMode) {
+  test::expect_time_to_train(recipe());
+}
+
 TEST(Llama31Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

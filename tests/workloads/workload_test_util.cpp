@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "common/data/token_file.h"
 #include "tests/support/compare.h"
 #include "train/trainer.h"
 
@@ -154,6 +155,66 @@ void expect_tiny_schedule_learns(const transformer::Recipe& r) {
   EXPECT_LT(tail, floor + 0.4) << "the tiny schedule left the loss at " << tail << ", floor "
                                << floor;
   EXPECT_GT(tail, floor - 0.05) << "below the entropy floor: the loss is not what it claims";
+}
+
+void expect_time_to_train(const transformer::Recipe& r) {
+  double floor = NAN;
+  {
+    transformer::TransformerWorkload w(r);
+    resolved(w, {"--preset", "tiny"});
+    const transformer::TransformerShape& sh = w.shape();
+    const data::TokenFile file(data::ensure_dataset(transformer::dataset_params(sh)),
+                               {sh.micro_batch, sh.seq, sh.padded_vocab()});
+    floor = file.info().provenance.entropy_rate;
+  }
+  ASSERT_TRUE(std::isfinite(floor));
+  char target[32];
+  std::snprintf(target, sizeof(target), "%.4f", floor + 0.25);
+  std::vector<RunResult> runs;
+  for (const char* mode : {"none", "layer", "full"}) {
+    transformer::TransformerWorkload w(r);
+    const train::RunFlags f =
+        resolved(w, {"--preset", "tiny", "--graphs", mode, "--steps", "500", "--seed", "7",
+                     "--log-interval", "100", "--eval-interval", "50", "--target-quality", target});
+    train::RunOptions options;
+    options.measure_peak = false;
+    runs.push_back(train::run(w, f, stdout, options));
+  }
+  const bench::WorkloadReport& none = runs[0].report;
+  ASSERT_TRUE(none.steps_to_target.has_value()) << "floor + 0.25 not reached in 500 steps";
+  EXPECT_EQ(none.steps_to_target.value() % 50, 0);
+  EXPECT_EQ(static_cast<int64_t>(none.losses.size()), *none.steps_to_target) << "stopped there";
+  EXPECT_LE(none.evals.back().value, floor + 0.25);
+  EXPECT_GT(none.evals.back().value, floor) << "below the entropy floor";
+  EXPECT_GT(none.time_to_train_s.value_or(0), 0.0);
+  EXPECT_EQ(none.eval_metric, "loss");
+  for (size_t m = 1; m < runs.size(); ++m) {
+    const std::string what = m == 1 ? "layer vs none" : "full vs none";
+    expect_identical(runs[0], runs[m], what);
+    EXPECT_EQ(runs[m].report.steps_to_target, none.steps_to_target) << what;
+    ASSERT_EQ(runs[m].report.evals.size(), none.evals.size()) << what;
+    for (size_t i = 0; i < none.evals.size(); ++i)
+      EXPECT_EQ(runs[m].report.evals[i].value, none.evals[i].value) << what << ", eval " << i;
+  }
+
+  // A target the run cannot reach: it runs to the step limit and says so, in JSON and mllog.
+  transformer::TransformerWorkload w(r);
+  const std::string mllog =
+      ::testing::TempDir() + r.info.name + "_aborted_" + std::to_string(::getpid()) + ".mllog";
+  const train::RunFlags f =
+      resolved(w, {"--preset", "tiny", "--graphs", "full", "--steps", "20", "--seed", "7",
+                   "--eval-interval", "10", "--target-quality", "0.5", "--mllog", mllog});
+  train::RunOptions options;
+  options.measure_peak = false;
+  const RunResult aborted = train::run(w, f, stdout, options);
+  EXPECT_EQ(aborted.report.losses.size(), 20u);
+  EXPECT_FALSE(aborted.report.steps_to_target.has_value());
+  EXPECT_EQ(aborted.report.target_quality, 0.5);
+  std::ifstream log(mllog);
+  std::string last, line;
+  while (std::getline(log, line)) last = line;
+  EXPECT_TRUE(has(last, "\"run_stop\"") && has(last, "\"aborted\"")) << last;
+  std::remove(mllog.c_str());
 }
 
 void expect_accumulation_bit_identical(const transformer::Recipe& w,

@@ -429,6 +429,20 @@ void Transformer::head(int mb, cudaStream_t s) const {
   }
 }
 
+void Transformer::eval_head(float* batch_loss, float* loss_sum, cudaStream_t s) const {
+  REPLAY_REQUIRE(shape_.dropout == 0.0f, "evaluation runs the forward without dropout");
+  const int64_t M = shape_.tokens();
+  const CrossEntropyShape ce{M, shape_.vocab_shard(), shape_.vocab_start()};
+  norm_forward(ptr<bf16>(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
+               s);
+  GemmArgs fwd;
+  fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits_.data;
+  gemm(lm_head_.forward, fwd, s);
+  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), batch_loss,
+                        ptr<int32_t>(count_), ptr<bf16>(logits_), targets(0), ce, s);
+  accumulate(loss_sum, batch_loss, 1, s);
+}
+
 // ---- Backward ---------------------------------------------------------------------------------
 
 // A linear layer's weight gradient (added to on later micro-batches) and, with a bias (bias >= 0),
@@ -595,6 +609,25 @@ graphs::RegionArgs Transformer::head_args(int mb) const {
   if (microbatches_ > 1 && mb == microbatches_ - 1)
     args.write("step_loss", TensorView(step_loss_, DType::kFP32, {1}));
   return args;
+}
+
+graphs::RegionArgs Transformer::eval_head_args(float* batch_loss, float* loss_sum) const {
+  const int64_t M = shape_.tokens();
+  graphs::RegionArgs args;
+  args.read("x", x_.back()).read("final_norm", params_.weight_range(lnf_gamma_, final_norm_last()));
+  if (shape_.tied_embedding)
+    args.read("embedding.token", params_.weight_range(wte_, wte_));
+  else
+    args.read("lm_head", params_.weight_range(lm_head_w_, lm_head_w_));
+  args.read("targets", TensorView(targets(0), DType::kINT32, {M})).write("norm.out", hf_);
+  if (layernorm()) args.write("norm.mean", lnf_mean_);
+  return args.write("norm.rstd", lnf_rstd_)
+      .write("logits", logits_)
+      .write("ce.stats", ce_stats_)
+      .write("ce.row_loss", row_loss_)
+      .write("ce.count", count_)
+      .write("eval.batch_loss", TensorView(batch_loss, DType::kFP32, {1}))
+      .read_write("eval.loss_sum", TensorView(loss_sum, DType::kFP32, {1}));
 }
 
 graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {

@@ -121,11 +121,16 @@ class Transformer {
   void head(int mb, cudaStream_t stream) const;  // final norm, logits, loss, and their backward
   void layer_backward(int mb, int layer, cudaStream_t stream) const;
   void embedding_backward(int mb, cudaStream_t stream) const;  // and the tied LM head's wgrad
+  // Evaluation of micro-batch 0's inputs after embedding_forward(0) and layer_forward(0, l): the
+  // final norm, the logits and the mean cross-entropy into *batch_loss, added to *loss_sum. No
+  // backward; dropout must be 0 (the forward would apply it).
+  void eval_head(float* batch_loss, float* loss_sum, cudaStream_t stream) const;
 
   // What each of them reads and writes (region arguments of the step plan).
   graphs::RegionArgs embedding_forward_args(int mb) const;
   graphs::RegionArgs layer_forward_args(int mb, int layer) const;
   graphs::RegionArgs head_args(int mb) const;
+  graphs::RegionArgs eval_head_args(float* batch_loss, float* loss_sum) const;
   graphs::RegionArgs layer_backward_args(int mb, int layer) const;
   graphs::RegionArgs embedding_backward_args(int mb) const;
 

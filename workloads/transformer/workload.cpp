@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cinttypes>
 #include <functional>
 
@@ -33,6 +34,11 @@ train::LrSchedule tiny_schedule() {
   return s;
 }
 
+int64_t held_out_rows(int64_t rows, int64_t micro_batch) {
+  const int64_t h = std::min<int64_t>(64, rows / 16) / micro_batch * micro_batch;
+  return rows - h >= micro_batch ? h : 0;
+}
+
 // ---- The model ---------------------------------------------------------------------------------
 
 TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& shape,
@@ -40,11 +46,27 @@ TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& s
     : caches_(std::move(caches)),
       transformer_(ctx, shape, microbatches, caches_->gemms, caches_->attention) {}
 
-void TransformerModel::set_data(data::TokenFile file, uint64_t seed, double loss_floor) {
+void TransformerModel::set_data(data::TokenFile file, uint64_t seed, double loss_floor,
+                                int64_t held_out) {
+  const int64_t rows = file.info().num_sequences;
+  if (held_out > 0)
+    held_out_ = std::make_unique<data::HeldOutRows>(file, rows - held_out, held_out);
   data::StreamOptions options;
   options.seed = seed;
+  options.num_rows = rows - held_out;
   batches_.emplace(std::move(file), options);
   loss_floor_ = loss_floor;
+}
+
+void TransformerModel::plan(ArenaPlan& plan) {
+  transformer_.plan(plan);
+  eval_id_ = plan.add("eval.loss", DType::kFP32, 8, "eval");
+}
+
+void TransformerModel::bind(const Arena& arena) {
+  transformer_.bind(arena);
+  eval_batch_loss_ = arena.as<float>(eval_id_);
+  eval_loss_sum_ = eval_batch_loss_ + 4;
 }
 
 void TransformerModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) {
@@ -95,7 +117,60 @@ std::vector<graphs::Region> TransformerModel::regions() {
 
 int64_t TransformerModel::train_samples() const {
   REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data first");
-  return batches_->info().num_sequences;
+  return batches_->num_rows();
+}
+
+std::optional<train::EvalInfo> TransformerModel::evaluation() const {
+  // The forward with dropout is not the model's evaluation (resolve refuses --eval-interval then).
+  if (!held_out_ || transformer_.shape().dropout > 0.0f) return std::nullopt;
+  train::EvalInfo e;
+  e.metric = "loss";  // nats per token: the log perplexity MLPerf's language models report
+  e.higher_is_better = false;
+  e.samples_per_batch = transformer_.shape().micro_batch;
+  e.default_samples = held_out_->count();
+  e.available_samples = held_out_->count();
+  return e;
+}
+
+std::vector<graphs::Region> TransformerModel::eval_regions() {
+  std::vector<graphs::Region> out;
+  for (graphs::Region& r : regions()) {  // micro-batch 0's forward
+    const bool forward = r.kind == graphs::RegionKind::kForwardLayer || r.name == "embedding.fwd" ||
+                         r.name == "mb0.embedding.fwd";
+    if (!forward || (transformer_.microbatches() > 1 && r.name.rfind("mb0.", 0) != 0)) continue;
+    r.name = "eval." + r.name;
+    out.push_back(std::move(r));
+  }
+  graphs::Region head;
+  head.name = "eval.head";
+  head.enqueue = [this](cudaStream_t s, const graphs::RegionArgs&) {
+    transformer_.eval_head(eval_batch_loss_, eval_loss_sum_, s);
+  };
+  head.args = [this] { return transformer_.eval_head_args(eval_batch_loss_, eval_loss_sum_); };
+  out.push_back(std::move(head));
+  return out;
+}
+
+void TransformerModel::begin_eval(cudaStream_t stream) {
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(eval_loss_sum_, 0, sizeof(float), stream));
+  next_eval_ = 0;
+  evaluated_ = 0;
+}
+
+void TransformerModel::load_eval_batch(cudaStream_t stream) {
+  REPLAY_REQUIRE(held_out_ != nullptr, "this model's data has no held-out split");
+  const int64_t mb = transformer_.shape().micro_batch;
+  held_out_->copy(next_eval_, mb, stream, transformer_.tokens(0), transformer_.targets(0));
+  next_eval_ = (next_eval_ + 1) % (held_out_->count() / mb);
+  evaluated_ += 1;
+}
+
+double TransformerModel::end_eval(cudaStream_t stream) {
+  float sum = 0;
+  REPLAY_CUDA_CHECK(
+      cudaMemcpyAsync(&sum, eval_loss_sum_, sizeof(float), cudaMemcpyDeviceToHost, stream));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return evaluated_ > 0 ? static_cast<double>(sum) / static_cast<double>(evaluated_) : NAN;
 }
 
 int TransformerModel::load_batch(cudaStream_t stream) {
@@ -164,6 +239,10 @@ void TransformerWorkload::resolve(const train::RunFlags& flags) {
   if (layers_flag_ > 0) shape_.layers = layers_flag_;
   dropout_ = std::isnan(dropout_flag_) ? static_cast<double>(shape_.dropout) : dropout_flag_;
   shape_.dropout = static_cast<float>(dropout_);
+  if (flags.eval_interval > 0 && dropout_ > 0.0)
+    throw bench::UsageError(
+        "--eval-interval: evaluation runs the forward without dropout, which "
+        "needs --dropout 0");
   data_path_ = flags.data;
 }
 
@@ -254,7 +333,8 @@ std::unique_ptr<TransformerModel> TransformerWorkload::build_model(
   auto model = std::make_unique<TransformerModel>(ctx, shape_, microbatches_, caches);
   caches->gemms.seal();  // every plan of the run exists: none may be made on the step path
   const double floor = file_->info().provenance.entropy_rate;
-  model->set_data(std::move(*file_), seed, floor);
+  const int64_t held_out = held_out_rows(file_->info().num_sequences, shape_.micro_batch);
+  model->set_data(std::move(*file_), seed, floor, held_out);
   file_.reset();
   if (shape_.tp > 1)
     std::fprintf(

@@ -64,6 +64,11 @@ struct Recipe {
 // loss falls visibly within a few steps and its floor (the entropy rate) is known exactly.
 data::MarkovDatasetParams dataset_params(const TransformerShape& shape);
 
+// The held-out split of a token file of `rows` sequences: its last min(64, rows / 16) sequences,
+// rounded down to whole micro-batches (0 when the rest would not hold a micro-batch). Training
+// batches come from the other rows; evaluations read these, in order, every time.
+int64_t held_out_rows(int64_t rows, int64_t micro_batch);
+
 // The default layer count of the full-model presets is the largest whose arena plan (parameters,
 // fp32 master weights, gradients and Adam moments, activations, workspaces) fits this budget: an
 // 80 GiB H100 less 6 GiB for the CUDA context, library handles and graph executables. The budget
@@ -87,9 +92,9 @@ class TransformerModel : public train::Model {
   // Plans the model (set-up, no device memory).
   TransformerModel(const Context& ctx, const TransformerShape& shape, int microbatches,
                    std::shared_ptr<PlanCaches> caches);
-  // The batches it trains on (before the first load_batch); `loss_floor` is the data's (NaN:
-  // unknown).
-  void set_data(data::TokenFile file, uint64_t seed, double loss_floor);
+  // The batches it trains on (before the first load_batch), the file's last `held_out` rows kept
+  // for evaluation; `loss_floor` is the data's (NaN: unknown).
+  void set_data(data::TokenFile file, uint64_t seed, double loss_floor, int64_t held_out);
 
   Transformer& transformer() { return transformer_; }
   const Transformer& transformer() const { return transformer_; }
@@ -97,12 +102,18 @@ class TransformerModel : public train::Model {
   std::string describe() const override { return transformer_.shape().describe(); }
   train::ParamStore& params() override { return transformer_.params(); }
   const train::ParamStore& params() const override { return transformer_.params(); }
-  void plan(ArenaPlan& plan) override { transformer_.plan(plan); }
-  void bind(const Arena& arena) override { transformer_.bind(arena); }
+  void plan(ArenaPlan& plan) override;
+  void bind(const Arena& arena) override;
   void initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) override;
   void register_rng(graphs::RngTracker& rng) override { transformer_.register_rng(rng); }
   std::vector<graphs::Region> regions() override;
   int load_batch(cudaStream_t stream) override;
+  // The held-out loss (nats per token), over micro-batch 0's buffers.
+  std::optional<train::EvalInfo> evaluation() const override;
+  std::vector<graphs::Region> eval_regions() override;
+  void begin_eval(cudaStream_t stream) override;
+  void load_eval_batch(cudaStream_t stream) override;
+  double end_eval(cudaStream_t stream) override;
   // (6 N + 12 L s d) per token, N this shard's parameters and d this shard's attention width
   // (heads per GPU x head dim).
   double flops_per_step() const override;
@@ -117,7 +128,12 @@ class TransformerModel : public train::Model {
   std::shared_ptr<PlanCaches> caches_;
   Transformer transformer_;
   std::optional<data::BatchStream> batches_;
+  std::unique_ptr<data::HeldOutRows> held_out_;
   double loss_floor_ = NAN;
+  BufferId eval_id_ = -1;  // [0]: the batch's mean loss, [4]: the evaluation's sum (16-byte apart)
+  float* eval_batch_loss_ = nullptr;
+  float* eval_loss_sum_ = nullptr;
+  int64_t next_eval_ = 0, evaluated_ = 0;
 };
 
 class TransformerWorkload : public train::Workload {
@@ -134,6 +150,7 @@ class TransformerWorkload : public train::Workload {
   void open_data(const train::RunFlags& flags, std::FILE* out) override;
   std::unique_ptr<train::Model> build(Context& ctx, const train::TrainingConfig& training,
                                       const train::RunFlags& flags, std::FILE* out) override;
+  bool evaluates() const override { return true; }
   void log_config(bench::MlLogger& log, const train::Model& model,
                   const train::TrainingConfig& training) const override;
 
