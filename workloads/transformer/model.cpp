@@ -397,21 +397,26 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
 
 // ---- Head: final norm, LM head, cross-entropy, and their backward -----------------------------
 
-void Transformer::head(int mb, cudaStream_t s) const {
-  const int64_t M = shape_.tokens();
-  const CrossEntropyShape ce{M, shape_.vocab_shard(), shape_.vocab_start()};
-  bf16* logits = ptr<bf16>(logits_);
-
+// The final norm, the logits and the mean cross-entropy over micro-batch `mb` into *loss: the
+// training head's forward and the whole of the evaluation's.
+void Transformer::head_forward(int mb, float* loss, cudaStream_t s) const {
+  const CrossEntropyShape ce{shape_.tokens(), shape_.vocab_shard(), shape_.vocab_start()};
   norm_forward(ptr<bf16>(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
                s);
   GemmArgs fwd;
-  fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits;
+  fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits_.data;
   gemm(lm_head_.forward, fwd, s);
   // Cross-entropy over this shard's vocabulary; under tensor parallelism the statistics would be
   // all-gathered and combined (cross_entropy_stats, cross_entropy_combine_stats,
   // cross_entropy_loss) instead.
-  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss_of(mb),
-                        ptr<int32_t>(count_), logits, targets(mb), ce, s);
+  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss, ptr<int32_t>(count_),
+                        ptr<bf16>(logits_), targets(mb), ce, s);
+}
+
+void Transformer::head(int mb, cudaStream_t s) const {
+  const CrossEntropyShape ce{shape_.tokens(), shape_.vocab_shard(), shape_.vocab_start()};
+  bf16* logits = ptr<bf16>(logits_);
+  head_forward(mb, loss_of(mb), s);
   cross_entropy_backward(logits, logits, ptr<float>(ce_stats_), targets(mb), ptr<int32_t>(count_),
                          ptr<float>(dloss_), ce, s);  // dlogits in place
   GemmArgs dgrad;
@@ -431,15 +436,7 @@ void Transformer::head(int mb, cudaStream_t s) const {
 
 void Transformer::eval_head(float* batch_loss, float* loss_sum, cudaStream_t s) const {
   REPLAY_REQUIRE(shape_.dropout == 0.0f, "evaluation runs the forward without dropout");
-  const int64_t M = shape_.tokens();
-  const CrossEntropyShape ce{M, shape_.vocab_shard(), shape_.vocab_start()};
-  norm_forward(ptr<bf16>(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
-               s);
-  GemmArgs fwd;
-  fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits_.data;
-  gemm(lm_head_.forward, fwd, s);
-  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), batch_loss,
-                        ptr<int32_t>(count_), ptr<bf16>(logits_), targets(0), ce, s);
+  head_forward(0, batch_loss, s);
   accumulate(loss_sum, batch_loss, 1, s);
 }
 
@@ -577,7 +574,8 @@ graphs::RegionArgs Transformer::layer_forward_args(int /*mb*/, int layer) const 
   return args;
 }
 
-graphs::RegionArgs Transformer::head_args(int mb) const {
+// What head_forward reads and writes.
+graphs::RegionArgs Transformer::head_forward_args(int mb) const {
   const int64_t M = shape_.tokens();
   graphs::RegionArgs args;
   args.read("x", x_.back()).read("final_norm", params_.weight_range(lnf_gamma_, final_norm_last()));
@@ -585,14 +583,18 @@ graphs::RegionArgs Transformer::head_args(int mb) const {
     args.read("embedding.token", params_.weight_range(wte_, wte_));
   else
     args.read("lm_head", params_.weight_range(lm_head_w_, lm_head_w_));
-  args.read("targets", TensorView(targets(mb), DType::kINT32, {M})).read("dloss", dloss_);
-  args.write("norm.out", hf_);
+  args.read("targets", TensorView(targets(mb), DType::kINT32, {M})).write("norm.out", hf_);
   if (layernorm()) args.write("norm.mean", lnf_mean_);
-  args.write("norm.rstd", lnf_rstd_)
+  return args.write("norm.rstd", lnf_rstd_)
       .write("logits", logits_)
       .write("ce.stats", ce_stats_)
       .write("ce.row_loss", row_loss_)
-      .write("ce.count", count_)
+      .write("ce.count", count_);
+}
+
+graphs::RegionArgs Transformer::head_args(int mb) const {
+  graphs::RegionArgs args = head_forward_args(mb);
+  args.read("dloss", dloss_)
       .write("norm.dout", d_hf_)
       .write("residual_grad", grad_)
       .write("loss", TensorView(loss_of(mb), DType::kFP32, {1}));
@@ -612,20 +614,7 @@ graphs::RegionArgs Transformer::head_args(int mb) const {
 }
 
 graphs::RegionArgs Transformer::eval_head_args(float* batch_loss, float* loss_sum) const {
-  const int64_t M = shape_.tokens();
-  graphs::RegionArgs args;
-  args.read("x", x_.back()).read("final_norm", params_.weight_range(lnf_gamma_, final_norm_last()));
-  if (shape_.tied_embedding)
-    args.read("embedding.token", params_.weight_range(wte_, wte_));
-  else
-    args.read("lm_head", params_.weight_range(lm_head_w_, lm_head_w_));
-  args.read("targets", TensorView(targets(0), DType::kINT32, {M})).write("norm.out", hf_);
-  if (layernorm()) args.write("norm.mean", lnf_mean_);
-  return args.write("norm.rstd", lnf_rstd_)
-      .write("logits", logits_)
-      .write("ce.stats", ce_stats_)
-      .write("ce.row_loss", row_loss_)
-      .write("ce.count", count_)
+  return head_forward_args(0)
       .write("eval.batch_loss", TensorView(batch_loss, DType::kFP32, {1}))
       .read_write("eval.loss_sum", TensorView(loss_sum, DType::kFP32, {1}));
 }

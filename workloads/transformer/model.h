@@ -174,6 +174,8 @@ class Transformer {
   void wgrad(const Linear& linear, GemmArgs args, ParamId bias, int64_t width, int mb,
              cudaStream_t stream) const;
   __nv_bfloat16* weight(ParamId id) const { return params_.weight<__nv_bfloat16>(id); }
+  void head_forward(int mb, float* loss, cudaStream_t s) const;
+  graphs::RegionArgs head_forward_args(int mb) const;
   RngArgs rng_of(const std::vector<RngArgs>& ops, int mb, int layer) const;
   float* loss_of(int mb) const;
   bool layernorm() const { return shape_.norm == NormKind::kLayerNorm; }
