@@ -185,8 +185,11 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   const std::optional<EvalInfo> eval = model->evaluation();
   REPLAY_REQUIRE(f.eval_interval == 0 || eval.has_value(),
                  info.tool + " says it evaluates, but its model has no evaluation");
-  const int64_t eval_samples =
+  // Whole held-out batches: what an evaluation really reads.
+  const int64_t asked =
       f.eval_interval == 0 ? 0 : (f.eval_samples > 0 ? f.eval_samples : eval->default_samples);
+  const int64_t per_batch = eval ? eval->samples_per_batch : 1;
+  const int64_t eval_samples = (asked + per_batch - 1) / per_batch * per_batch;
   if (f.eval_interval > 0 && eval_samples > eval->available_samples)
     throw bench::UsageError("--eval-samples: the held-out split has " +
                             std::to_string(eval->available_samples) + " samples, " +
