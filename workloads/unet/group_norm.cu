@@ -3,37 +3,39 @@
 //
 // Tiling. A block covers one tile: pixels [p0, p1) of one sample, all C channels. Thread t owns
 // column t % cols (16 bytes: 8 channels) and lane t / cols of `lanes`; lane l walks the pixels
-// p0 + l, p0 + l + lanes, ..., four at a time, with the four 16-byte loads of each tensor issued
-// before the first is used. The threads of a warp read consecutive columns of a pixel's row of C
-// channels, so every access is coalesced whatever C is, and a group's channels never need to be
-// 16-byte aligned (C / G is 20 at C = 320, G = 16). A thread keeps its columns for the whole tile,
-// so its per-channel constants (gamma, beta, the statistics of each channel's group) stay in
-// registers and its per-channel sums accumulate in registers; one pass through shared memory at
-// the end adds the lanes of a column in lane order, and one warp per group adds the group's
-// channels with the butterfly of device_utils.cuh. Every order is fixed by the shape.
+// p0 + l, p0 + l + lanes, ... a step of 2 or 4 pixels at a time, the next step's 16-byte loads
+// issued before the current step is used (walk_rows), so a thread keeps two steps in flight. The
+// threads of a warp read consecutive columns of a pixel's row of C channels, so every access is
+// coalesced whatever C is, and a group's channels never need to be 16-byte aligned (C / G is 20
+// at C = 320, G = 16). A thread keeps its columns for the whole tile, so its per-channel constants
+// (gamma, beta, the statistics of each channel's group) stay in registers and its per-channel
+// sums accumulate in registers; one pass through shared memory at the end adds the lanes of a
+// column in lane order, and one warp per group adds the group's channels with the butterfly of
+// device_utils.cuh. Every order is fixed by the shape.
 //
 // Split. The UNet's groups hold up to a quarter of a million elements and N can be 1, so a group's
 // reduction is spread over blocks_per_sample tiles (about a thousand blocks in all: several per
-// SM, so the last wave is short), and the tiles are merged by the next kernel:
+// SM), merged by a small kernel with a warp per (sample, group), so that the kernels that stream
+// the tensor start streaming at once instead of each merging partials first.
 //
 // Forward. gn_forward_stats: per tile and channel, sums of d = x - s and d^2 with s the tile's
 // first pixel (shifted data: no cancellation when |mean| >> stddev), turned into the channel's
 // (mean, M2) and merged into the group's (mean, M2) with Chan's formula, written as a partial.
-// gn_forward_apply: every block merges its sample's partials of every group (a few KB from L2, a
-// warp per group), block 0 of a sample writes mean and rstd, and the tile is normalized:
-// y = x * a[c] + b[c], a = rstd * gamma, b = beta - mean * a, then SiLU. x is read twice: the
-// UNet's activations (84 MB at N = 32, 64x64, C = 320) do not fit on the chip, so a
-// read-once scheme would have to hold a sample's tiles on resident blocks (a 2.6 MB sample is
-// most of the H100's shared memory). Instead the apply kernel walks the tiles in reverse: its
-// first tiles are the stats kernel's last, still in L2.
+// gn_forward_finalize merges a sample's partials (Chan again) into mean and rstd.
+// gn_forward_apply normalizes: y = x * a[c] + b[c], a = rstd * gamma, b = beta - mean * a, then
+// SiLU. x is read twice: the UNet's activations (84 MB at N = 32, 64x64, C = 320) do not fit on
+// the chip, so a read-once scheme would have to hold a sample's tiles on resident blocks (a 2.6 MB
+// sample is most of the H100's shared memory). Instead the apply kernel walks the tiles in
+// reverse: its first tiles are the stats kernel's last, still in L2.
 //
 // Backward. gn_backward_reduce: per tile and channel, S1 = sum dy and S2 = sum dy * xhat (dy
 // through SiLU's derivative, y recomputed from x and the statistics); written as the tile's
 // dbeta and dgamma partial rows, and, weighted by gamma, summed per group: sum(g) and
-// sum(g * xhat) of the tile. gn_backward_apply merges a sample's group sums (walking tiles in
-// reverse, as above) and writes dx = rstd * gamma * dy - rstd * mean(g) - rstd * xhat *
-// mean(g * xhat). column_sums (common/kernels/column_sums.cuh) adds the partial rows in a fixed
-// order. All kernels are programmatic dependent launches (dependent_launch.cuh).
+// sum(g * xhat) of the tile. gn_backward_finalize adds a sample's group sums into the
+// coefficients of dx; gn_backward_apply (tiles in reverse, as above) writes
+// dx = rstd * gamma * dy - rstd * mean(g) - rstd * xhat * mean(g * xhat). column_sums
+// (common/kernels/column_sums.cuh) adds the partial rows in a fixed order. All kernels are
+// programmatic dependent launches (dependent_launch.cuh).
 #include "workloads/unet/group_norm.h"
 
 #include <cuda_bf16.h>
@@ -60,7 +62,7 @@ constexpr int kPack = 8;  // 16-bit values in a thread's 16-byte column
 // aims at 64 and spills. The UNet's blocks have 160 to 480 threads, several per SM.
 constexpr int kMaxThreads = 512;
 constexpr int kMinThreads = 128;         // lanes double until a block has at least this many
-constexpr int kUnroll = 4;               // pixels a lane loads before it uses the first
+constexpr int kUnroll = 4;               // pixels a lane of the bias sums loads before it uses one
 constexpr int64_t kTargetBlocks = 1024;  // tiles over the whole tensor (about 8 per H100 SM)
 static_assert(kMaxThreads * kPack == kGroupNormMaxChannels, "limits disagree");
 
@@ -187,8 +189,46 @@ __device__ __forceinline__ float tile_pixels(const Tile& tile, int j) {
   return static_cast<float>(min(tile.per_block, tile.pixels - j * tile.per_block));
 }
 
+// A lane's pixels of its tile, kRows at a time. The buffers of one step: one pack per pixel and
+// tensor.
+template <int kRows>
+struct Rows1 {
+  Pack x[kRows];
+};
+template <int kRows>
+struct Rows2 {
+  Pack x[kRows], d[kRows];
+};
+template <int kRows>
+struct Rows3 {
+  Pack x[kRows], d[kRows], o[kRows];
+};
+
+// Walks p, p + step, ... below end with two buffers: the loads of the next step are issued before
+// the current step is used, so two steps' loads are in flight while one is consumed. `a` holds
+// step p, loaded by the caller (who may form its constants meanwhile); load(v, q) loads step q
+// (pixels q, q + lanes, ... below the tile's end), use(v, q) consumes it. The buffers are named,
+// not indexed: an indexed pair would live in local memory.
+template <typename Buf, typename Load, typename Use>
+__device__ __forceinline__ void walk_rows(Buf& a, int64_t p, int64_t end, int64_t step, Load&& load,
+                                          Use&& use) {
+  Buf b;
+  while (p < end) {
+    load(b, p + step);
+    use(a, p);
+    p += step;
+    if (p >= end) break;
+    load(a, p + step);
+    use(b, p);
+    p += step;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Forward.
+
+constexpr int kStatsRows = 4;  // pixels a lane loads per step (two steps in flight)
+constexpr int kApplyRows = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads, 1)
@@ -203,17 +243,19 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   for (int e = 0; e < kPack; ++e) shift[e] = s1[e] = s2[e] = 0.0f;
   if (pl.active) {
     const T* xs = x + pl.n * tile.pixels * C + pl.col * kPack;
-    to_floats<T>(load_keep<4>(xs + pl.p0 * C), shift);
-    for (int64_t p = pl.p0 + pl.lane; p < pl.p1; p += tile.lanes * kUnroll) {
-      Pack v[kUnroll];
+    auto load = [&](Rows1<kStatsRows>& v, int64_t p) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (p + u * tile.lanes < pl.p1) v[u] = load_keep<4>(xs + (p + u * tile.lanes) * C);
+      for (int u = 0; u < kStatsRows; ++u) {
+        const int64_t q = p + u * tile.lanes;
+        if (q < pl.p1) v.x[u] = load_keep<4>(xs + q * C);
+      }
+    };
+    auto use = [&](const Rows1<kStatsRows>& v, int64_t p) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kStatsRows; ++u) {
         if (p + u * tile.lanes < pl.p1) {
           float f[kPack];
-          to_floats<T>(v[u], f);
+          to_floats<T>(v.x[u], f);
 #pragma unroll
           for (int e = 0; e < kPack; ++e) {
             const float d = f[e] - shift[e];
@@ -222,7 +264,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
           }
         }
       }
-    }
+    };
+    Rows1<kStatsRows> first;
+    load(first, pl.p0 + pl.lane);
+    to_floats<T>(load_keep<4>(xs + pl.p0 * C), shift);
+    walk_rows(first, pl.p0 + pl.lane, pl.p1, int64_t{tile.lanes} * kStatsRows, load, use);
 #pragma unroll
     for (int e = 0; e < kPack; ++e) {
       red[0][pl.lane * C + pl.col * kPack + e] = s1[e];
@@ -267,102 +313,123 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
 }
 
-template <typename T, bool kSilu>
-__global__ void __launch_bounds__(kMaxThreads, 1)
-    gn_forward_apply_kernel(T* out, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                            const float2* __restrict__ partials, const T* x,
-                            const T* __restrict__ gamma, const T* __restrict__ beta, Tile tile,
-                            int C, int G, float eps) {
+// A warp per (sample, group): merges the sample's tile partials in a fixed order (lanes over
+// tiles, then the butterfly) with Chan's formula and writes mean and rstd. kFinalizeThreads / 32
+// pairs a block.
+constexpr int kFinalizeThreads = 256;
+
+__global__ void __launch_bounds__(kFinalizeThreads)
+    gn_forward_finalize_kernel(float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                               const float2* __restrict__ partials, Tile tile, int G, int64_t pairs,
+                               float eps) {
   allow_dependent_launch();
   wait_for_previous_grid();
-  __shared__ float2 stats[kGroupNormMaxGroups];  // (mean, rstd) of each group of the sample
-  const Place pl = place(tile, true);
-  const int Cg = C / G, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const float group_count = static_cast<float>(Cg);
+  const int64_t pair =
+      static_cast<int64_t>(blockIdx.x) * (kFinalizeThreads / 32) + threadIdx.x / 32;
+  if (pair >= pairs) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const int64_t n = pair / G;
+  const int g = static_cast<int>(pair % G);
+  const float group_count = static_cast<float>(tile.cols * kPack / G);
   const float total = static_cast<float>(tile.pixels) * group_count;
-  for (int g = threadIdx.x / 32; g < G; g += warps) {
-    const float2* pg = partials + static_cast<int64_t>(pl.n) * tile.blocks * G + g;
-    float a = 0.0f;
-    for (int j = lane; j < tile.blocks; j += 32)
-      a += tile_pixels(tile, j) * group_count * pg[j * G].x;
-    const float mean = warp_reduce_sum(a) / total;
-    float q = 0.0f;
-    for (int j = lane; j < tile.blocks; j += 32) {
-      const float2 v = pg[j * G];
-      const float d = v.x - mean;
-      q += fmaf(tile_pixels(tile, j) * group_count * d, d, v.y);
-    }
-    const float rstd = rsqrtf(warp_reduce_sum(q) / total + eps);
-    if (lane == 0) {
-      stats[g] = make_float2(mean, rstd);
-      if (pl.b == 0) {
-        mean_out[pl.n * G + g] = mean;
-        rstd_out[pl.n * G + g] = rstd;
-      }
-    }
+  const float2* pg = partials + n * tile.blocks * G + g;
+  float a = 0.0f;
+#pragma unroll 4
+  for (int j = lane; j < tile.blocks; j += 32)
+    a += tile_pixels(tile, j) * group_count * pg[static_cast<int64_t>(j) * G].x;
+  const float mean = warp_reduce_sum(a) / total;
+  float q = 0.0f;
+#pragma unroll 4
+  for (int j = lane; j < tile.blocks; j += 32) {
+    const float2 v = pg[static_cast<int64_t>(j) * G];
+    const float d = v.x - mean;
+    q += fmaf(tile_pixels(tile, j) * group_count * d, d, v.y);
   }
-  __syncthreads();
-  if (!pl.active) return;  // no barrier below
+  const float rstd = rsqrtf(warp_reduce_sum(q) / total + eps);
+  if (lane == 0) {
+    mean_out[pair] = mean;
+    rstd_out[pair] = rstd;
+  }
+}
+
+template <typename T, bool kSilu>
+__global__ void __launch_bounds__(kMaxThreads, 1)
+    gn_forward_apply_kernel(T* out, const float* __restrict__ mean, const float* __restrict__ rstd,
+                            const T* x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                            Tile tile, int C, int G) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
+  const Place pl = place(tile, true);
+  if (!pl.active) return;  // no barriers here
+  const int64_t base = pl.n * tile.pixels * C + pl.col * kPack;
+  const T* xs = x + base;
+  T* os = out + base;
+  auto load = [&](Rows1<kApplyRows>& v, int64_t p) {
+#pragma unroll
+    for (int u = 0; u < kApplyRows; ++u) {
+      const int64_t q = p + u * tile.lanes;
+      if (q < pl.p1) v.x[u] = load_stream(xs + q * C);
+    }
+  };
+  Rows1<kApplyRows> first;
+  load(first, pl.p0 + pl.lane);  // in flight while the constants are formed
 
   float scale[kPack], shift[kPack];
   {
+    const int Cg = C / G;
     float gm[kPack], bt[kPack];
     load_params(gamma, pl.col, gm);
     load_params(beta, pl.col, bt);
 #pragma unroll
     for (int e = 0; e < kPack; ++e) {
-      const float2 st = stats[(pl.col * kPack + e) / Cg];
-      scale[e] = st.y * gm[e];
-      shift[e] = fmaf(-st.x, scale[e], bt[e]);
+      const int g = pl.n * G + (pl.col * kPack + e) / Cg;
+      scale[e] = rstd[g] * gm[e];
+      shift[e] = fmaf(-mean[g], scale[e], bt[e]);
     }
   }
-  const int64_t base = pl.n * tile.pixels * C + pl.col * kPack;
-  const T* xs = x + base;
-  T* os = out + base;
-  for (int64_t p = pl.p0 + pl.lane; p < pl.p1; p += tile.lanes * kUnroll) {
-    Pack v[kUnroll];
+  auto use = [&](const Rows1<kApplyRows>& v, int64_t p) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (p + u * tile.lanes < pl.p1) v[u] = load_stream(xs + (p + u * tile.lanes) * C);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (p + u * tile.lanes < pl.p1) {
+    for (int u = 0; u < kApplyRows; ++u) {
+      const int64_t q = p + u * tile.lanes;
+      if (q < pl.p1) {
         float f[kPack];
-        to_floats<T>(v[u], f);
+        to_floats<T>(v.x[u], f);
 #pragma unroll
         for (int e = 0; e < kPack; ++e) {
           const float y = fmaf(f[e], scale[e], shift[e]);
           f[e] = kSilu ? y * sigmoid(y) : y;
         }
-        store_stream(os + (p + u * tile.lanes) * C, to_words<T, 4>(f));
+        store_stream(os + q * C, to_words<T, 4>(f));
       }
     }
-  }
+  };
+  walk_rows(first, pl.p0 + pl.lane, pl.p1, int64_t{tile.lanes} * kApplyRows, load, use);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Backward.
 
-// Per-channel constants of one thread's column: xhat = x * xr + xs; y = x * ya + yb.
+constexpr int kReduceRows = 2;  // two tensors a pixel, and more registers a thread: 2, not 4
+constexpr int kBackRows = 2;
+
+// Per-channel constants of one thread's column: xhat = x * xr + xs, y = xhat * gm + bt (four
+// arrays, not more: the SiLU backward kernels are at the register limit).
 struct Column {
-  float xr[kPack], xs[kPack], gm[kPack], ya[kPack], yb[kPack];
+  float xr[kPack], xs[kPack], gm[kPack], bt[kPack];
 };
 
 template <typename T>
 __device__ __forceinline__ void load_column(Column& k, const T* gamma, const T* beta,
                                             const float* mean, const float* rstd, int n, int col,
                                             int Cg, int G) {
-  float bt[kPack];
   load_params(gamma, col, k.gm);
-  load_params(beta, col, bt);
+  load_params(beta, col, k.bt);
 #pragma unroll
   for (int e = 0; e < kPack; ++e) {
     const int g = n * G + (col * kPack + e) / Cg;
     const float m = mean[g], r = rstd[g];
     k.xr[e] = r;
     k.xs[e] = -m * r;
-    k.ya[e] = r * k.gm[e];  // as the forward forms y, so the recomputed y is the forward's
-    k.yb[e] = fmaf(-m, k.ya[e], bt[e]);
   }
 }
 
@@ -371,7 +438,7 @@ template <bool kSilu>
 __device__ __forceinline__ float grad_in(float d, float x, const Column& k, int e, float& xhat) {
   xhat = fmaf(x, k.xr[e], k.xs[e]);
   if (!kSilu) return d;
-  const float y = fmaf(x, k.ya[e], k.yb[e]);
+  const float y = fmaf(xhat, k.gm[e], k.bt[e]);
   const float s = sigmoid(y);
   return d * s * fmaf(y, 1.0f - s, 1.0f);
 }
@@ -388,32 +455,34 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   __shared__ float red[2][kMaxThreads * kPack];
   const Place pl = place(tile, false);
   const int Cg = C / G;
-  float s1[kPack], s2[kPack], gm[kPack];
+  float s1[kPack], s2[kPack];
 #pragma unroll
-  for (int e = 0; e < kPack; ++e) s1[e] = s2[e] = gm[e] = 0.0f;
+  for (int e = 0; e < kPack; ++e) s1[e] = s2[e] = 0.0f;
   if (pl.active) {
-    Column k;
-    load_column(k, gamma, beta, mean, rstd, pl.n, pl.col, Cg, G);
-#pragma unroll
-    for (int e = 0; e < kPack; ++e) gm[e] = k.gm[e];
     const int64_t base = pl.n * tile.pixels * C + pl.col * kPack;
     const T* xs = x + base;
     const T* ds = dout + base;
-    for (int64_t p = pl.p0 + pl.lane; p < pl.p1; p += tile.lanes * kUnroll) {
-      Pack xv[kUnroll], dv[kUnroll];
+    auto load = [&](Rows2<kReduceRows>& v, int64_t p) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (p + u * tile.lanes < pl.p1) {
-          xv[u] = load_keep<4>(xs + (p + u * tile.lanes) * C);
-          dv[u] = load_keep<4>(ds + (p + u * tile.lanes) * C);
+      for (int u = 0; u < kReduceRows; ++u) {
+        const int64_t q = p + u * tile.lanes;
+        if (q < pl.p1) {
+          v.x[u] = load_keep<4>(xs + q * C);
+          v.d[u] = load_keep<4>(ds + q * C);
         }
       }
+    };
+    Rows2<kReduceRows> first;
+    load(first, pl.p0 + pl.lane);
+    Column k;
+    load_column(k, gamma, beta, mean, rstd, pl.n, pl.col, Cg, G);
+    auto use = [&](const Rows2<kReduceRows>& v, int64_t p) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kReduceRows; ++u) {
         if (p + u * tile.lanes < pl.p1) {
           float xf[kPack], df[kPack];
-          to_floats<T>(xv[u], xf);
-          to_floats<T>(dv[u], df);
+          to_floats<T>(v.x[u], xf);
+          to_floats<T>(v.d[u], df);
 #pragma unroll
           for (int e = 0; e < kPack; ++e) {
             float xhat;
@@ -423,7 +492,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
           }
         }
       }
-    }
+    };
+    walk_rows(first, pl.p0 + pl.lane, pl.p1, int64_t{tile.lanes} * kReduceRows, load, use);
 #pragma unroll
     for (int e = 0; e < kPack; ++e) {
       red[0][pl.lane * C + pl.col * kPack + e] = s1[e];
@@ -434,7 +504,8 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   const int64_t part = static_cast<int64_t>(pl.n) * tile.blocks + pl.b;
   const int64_t parts = static_cast<int64_t>(gridDim.x) * gridDim.y;
   if (pl.active && pl.lane == 0) {
-    float S1[kPack], S2[kPack];
+    float S1[kPack], S2[kPack], gm[kPack];
+    load_params(gamma, pl.col, gm);  // again: not kept in registers through the walk
 #pragma unroll
     for (int e = 0; e < kPack; ++e) {
       const int c = pl.col * kPack + e;
@@ -469,80 +540,98 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   }
 }
 
+// A warp per (sample, group): adds the sample's tile sums of g and g * xhat in a fixed order and
+// writes the group's dx coefficients (-rstd * mean(g), -rstd * mean(g * xhat)).
+__global__ void __launch_bounds__(kFinalizeThreads)
+    gn_backward_finalize_kernel(float2* __restrict__ coef,
+                                const float2* __restrict__ group_partials,
+                                const float* __restrict__ rstd, Tile tile, int G, int64_t pairs) {
+  allow_dependent_launch();
+  wait_for_previous_grid();
+  const int64_t pair =
+      static_cast<int64_t>(blockIdx.x) * (kFinalizeThreads / 32) + threadIdx.x / 32;
+  if (pair >= pairs) return;  // whole warps
+  const int lane = threadIdx.x % 32;
+  const int64_t n = pair / G;
+  const int g = static_cast<int>(pair % G);
+  const float total = static_cast<float>(tile.pixels) * static_cast<float>(tile.cols * kPack / G);
+  const float2* pg = group_partials + n * tile.blocks * G + g;
+  float a = 0.0f, q = 0.0f;
+#pragma unroll 4
+  for (int j = lane; j < tile.blocks; j += 32) {
+    const float2 v = pg[static_cast<int64_t>(j) * G];
+    a += v.x;
+    q += v.y;
+  }
+  a = warp_reduce_sum(a);
+  q = warp_reduce_sum(q);
+  const float r = rstd[pair];
+  if (lane == 0) coef[pair] = make_float2(-r * (a / total), -r * (q / total));
+}
+
 template <typename T, bool kSilu, bool kAccumulate>
 __global__ void __launch_bounds__(kMaxThreads, 1)
-    gn_backward_apply_kernel(T* dx, const float2* __restrict__ group_partials, const T* dout,
-                             const T* x, const T* __restrict__ gamma, const T* __restrict__ beta,
+    gn_backward_apply_kernel(T* dx, const float2* __restrict__ coef, const T* dout, const T* x,
+                             const T* __restrict__ gamma, const T* __restrict__ beta,
                              const float* __restrict__ mean, const float* __restrict__ rstd,
                              Tile tile, int C, int G) {
   allow_dependent_launch();
   wait_for_previous_grid();
-  // Per group: dx = rstd * gamma * dy + (-rstd * mean(g)) + (-rstd * mean(g * xhat)) * xhat.
-  __shared__ float2 coef[kGroupNormMaxGroups];
+  // Accumulating reads a third tensor: one pixel a step keeps it within the registers.
+  constexpr int kRows = kAccumulate ? 1 : kBackRows;
   const Place pl = place(tile, true);
-  const int Cg = C / G, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const float total = static_cast<float>(tile.pixels) * static_cast<float>(Cg);
-  for (int g = threadIdx.x / 32; g < G; g += warps) {
-    const float2* pg = group_partials + static_cast<int64_t>(pl.n) * tile.blocks * G + g;
-    float a = 0.0f, q = 0.0f;
-    for (int j = lane; j < tile.blocks; j += 32) {
-      const float2 v = pg[j * G];
-      a += v.x;
-      q += v.y;
+  if (!pl.active) return;  // no barriers here
+  const int Cg = C / G;
+  const int64_t base = pl.n * tile.pixels * C + pl.col * kPack;
+  const T* xs = x + base;
+  const T* ds = dout + base;
+  T* gs = dx + base;
+  auto load = [&](Rows3<kRows>& v, int64_t p) {
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      const int64_t q = p + u * tile.lanes;
+      if (q < pl.p1) {
+        v.x[u] = load_stream(xs + q * C);
+        v.d[u] = load_stream(ds + q * C);
+        if (kAccumulate) v.o[u] = load_stream(gs + q * C);
+      }
     }
-    a = warp_reduce_sum(a);
-    q = warp_reduce_sum(q);
-    const float r = rstd[pl.n * G + g];
-    if (lane == 0) coef[g] = make_float2(-r * (a / total), -r * (q / total));
-  }
-  __syncthreads();
-  if (!pl.active) return;  // no barrier below
+  };
+  Rows3<kRows> first;
+  load(first, pl.p0 + pl.lane);  // in flight while the constants are formed
 
+  // dx = rstd * gamma * dy + kc + kx * xhat, with (kc, kx) the channel's group coefficients.
   Column k;
   load_column(k, gamma, beta, mean, rstd, pl.n, pl.col, Cg, G);
   float kc[kPack], kx[kPack];
 #pragma unroll
   for (int e = 0; e < kPack; ++e) {
-    const float2 cf = coef[(pl.col * kPack + e) / Cg];
+    const float2 cf = coef[pl.n * G + (pl.col * kPack + e) / Cg];
     kc[e] = cf.x;
     kx[e] = cf.y;
   }
-  const int64_t base = pl.n * tile.pixels * C + pl.col * kPack;
-  const T* xs = x + base;
-  const T* ds = dout + base;
-  T* gs = dx + base;
-  for (int64_t p = pl.p0 + pl.lane; p < pl.p1; p += tile.lanes * kUnroll) {
-    Pack xv[kUnroll], dv[kUnroll], ov[kUnroll];
+  auto use = [&](const Rows3<kRows>& v, int64_t p) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t q = p + u * tile.lanes;
-      if (q < pl.p1) {
-        xv[u] = load_stream(xs + q * C);
-        dv[u] = load_stream(ds + q * C);
-        if (kAccumulate) ov[u] = load_stream(gs + q * C);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kRows; ++u) {
       const int64_t q = p + u * tile.lanes;
       if (q < pl.p1) {
         float xf[kPack], df[kPack], of[kPack];
-        to_floats<T>(xv[u], xf);
-        to_floats<T>(dv[u], df);
-        if (kAccumulate) to_floats<T>(ov[u], of);
+        to_floats<T>(v.x[u], xf);
+        to_floats<T>(v.d[u], df);
+        if (kAccumulate) to_floats<T>(v.o[u], of);
 #pragma unroll
         for (int e = 0; e < kPack; ++e) {
           float xhat;
           const float dy = grad_in<kSilu>(df[e], xf[e], k, e, xhat);
-          // rstd * gamma is ya
-          float g = fmaf(k.ya[e], dy, fmaf(kx[e], xhat, kc[e]));
+          float g = fmaf(k.xr[e] * k.gm[e], dy, fmaf(kx[e], xhat, kc[e]));
           if (kAccumulate) g += of[e];
           df[e] = g;
         }
         store_stream(gs + q * C, to_words<T, 4>(df));
       }
     }
-  }
+  };
+  walk_rows(first, pl.p0 + pl.lane, pl.p1, int64_t{tile.lanes} * kRows, load, use);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -664,7 +753,17 @@ Tile make_tile(const GroupNormShape& s) {
 
 size_t group_partials_bytes(const GroupNormShape& s) {
   const GroupNormSplit split = group_norm_split(s);
-  return static_cast<size_t>(s.batch * split.blocks_per_sample) * s.groups * sizeof(float2);
+  return round_up(
+      static_cast<size_t>(s.batch * split.blocks_per_sample) * s.groups * sizeof(float2), 256);
+}
+
+// The backward's dx coefficients, [N, G] float2.
+size_t coef_bytes(const GroupNormShape& s) {
+  return round_up(static_cast<size_t>(s.batch) * s.groups * sizeof(float2), 256);
+}
+
+unsigned finalize_blocks(const GroupNormShape& s) {
+  return static_cast<unsigned>(ceil_div<int64_t>(s.batch * s.groups, kFinalizeThreads / 32));
 }
 
 size_t channel_partials_bytes(const GroupNormShape& s) {
@@ -713,7 +812,7 @@ size_t group_norm_forward_workspace_bytes(const GroupNormShape& s) {
 }
 
 size_t group_norm_backward_workspace_bytes(const GroupNormShape& s) {
-  return channel_partials_bytes(s) + group_partials_bytes(s);
+  return channel_partials_bytes(s) + group_partials_bytes(s) + coef_bytes(s);
 }
 
 void group_norm_forward(DType dtype, void* out, float* mean, float* rstd, const void* x,
@@ -735,12 +834,16 @@ void group_norm_forward(DType dtype, void* out, float* mean, float* rstd, const 
     launch_dependent(gn_forward_stats_kernel<T>, grid, dim3(split.threads), stream, partials,
                      static_cast<const T*>(x), tile, s.channels, s.groups);
     REPLAY_LAUNCH_CHECK();
+    launch_dependent(gn_forward_finalize_kernel, dim3(finalize_blocks(s)), dim3(kFinalizeThreads),
+                     stream, mean, rstd, static_cast<const float2*>(partials), tile, s.groups,
+                     s.batch * s.groups, eps);
+    REPLAY_LAUNCH_CHECK();
     auto apply = act == GroupNormAct::kSilu ? gn_forward_apply_kernel<T, true>
                                             : gn_forward_apply_kernel<T, false>;
-    launch_dependent(apply, grid, dim3(split.threads), stream, static_cast<T*>(out), mean, rstd,
-                     static_cast<const float2*>(partials), static_cast<const T*>(x),
-                     static_cast<const T*>(gamma), static_cast<const T*>(beta), tile, s.channels,
-                     s.groups, eps);
+    launch_dependent(apply, grid, dim3(split.threads), stream, static_cast<T*>(out),
+                     static_cast<const float*>(mean), static_cast<const float*>(rstd),
+                     static_cast<const T*>(x), static_cast<const T*>(gamma),
+                     static_cast<const T*>(beta), tile, s.channels, s.groups);
     REPLAY_LAUNCH_CHECK();
   });
 }
@@ -766,6 +869,8 @@ void group_norm_backward(DType dtype, void* dx, float* dgamma, float* dbeta, con
   auto* channel_partials = static_cast<float*>(workspace);
   auto* group_partials =
       reinterpret_cast<float2*>(static_cast<char*>(workspace) + channel_partials_bytes(s));
+  auto* coef = reinterpret_cast<float2*>(static_cast<char*>(workspace) + channel_partials_bytes(s) +
+                                         group_partials_bytes(s));
   const bool silu = act == GroupNormAct::kSilu;
   with_storage(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -775,12 +880,16 @@ void group_norm_backward(DType dtype, void* dx, float* dgamma, float* dbeta, con
                      static_cast<const T*>(gamma), static_cast<const T*>(beta), mean, rstd, tile,
                      s.channels, s.groups);
     REPLAY_LAUNCH_CHECK();
+    launch_dependent(gn_backward_finalize_kernel, dim3(finalize_blocks(s)), dim3(kFinalizeThreads),
+                     stream, coef, static_cast<const float2*>(group_partials), rstd, tile, s.groups,
+                     s.batch * s.groups);
+    REPLAY_LAUNCH_CHECK();
     auto apply = silu ? (accumulate_dx ? gn_backward_apply_kernel<T, true, true>
                                        : gn_backward_apply_kernel<T, true, false>)
                       : (accumulate_dx ? gn_backward_apply_kernel<T, false, true>
                                        : gn_backward_apply_kernel<T, false, false>);
     launch_dependent(apply, grid, dim3(split.threads), stream, static_cast<T*>(dx),
-                     static_cast<const float2*>(group_partials), static_cast<const T*>(dout),
+                     static_cast<const float2*>(coef), static_cast<const T*>(dout),
                      static_cast<const T*>(x), static_cast<const T*>(gamma),
                      static_cast<const T*>(beta), mean, rstd, tile, s.channels, s.groups);
     REPLAY_LAUNCH_CHECK();

@@ -22,11 +22,12 @@
 // depends on the shape alone, never on the device or on timing): each sample's pixels are cut into
 // blocks_per_sample tiles of pixels_per_block pixels, one thread block per tile and all C channels
 // of each pixel, so that N * blocks_per_sample is about a thousand blocks and an H100 is full even
-// at small N. The forward runs two kernels: per-tile (mean, M2) of every group, then a kernel that
-// merges a sample's tiles in a fixed order (Chan's formula: no E[x^2] - E[x]^2 cancellation) and
-// writes out. The backward runs three: per-tile channel sums of dy and dy * xhat (and their
-// gamma-weighted group sums), the kernel that merges a sample's group sums and writes dx, and
-// column sums of the per-tile channel partials for dgamma and dbeta (fixed order).
+// at small N. The forward runs three kernels: per-tile (mean, M2) of every group; a small one that
+// merges a sample's tiles in a fixed order (Chan's formula: no E[x^2] - E[x]^2 cancellation) into
+// mean and rstd; the one that writes out. The backward runs four: per-tile channel sums of dy and
+// dy * xhat (and their gamma-weighted group sums); a small one that adds a sample's group sums
+// into dx's coefficients; the one that writes dx; column sums of the per-tile channel partials
+// for dgamma and dbeta (fixed order).
 //
 // Requirements: dtype kFP16 or kBF16; N >= 1, HW >= 1; C a multiple of 8 with
 // 8 <= C <= kGroupNormMaxChannels; 1 <= G <= kGroupNormMaxGroups with C % G == 0; every tensor
@@ -78,8 +79,8 @@ void check_group_norm_shape(const GroupNormShape& s);
 GroupNormSplit group_norm_split(const GroupNormShape& s);
 
 // Workspace (scratch: undefined after the call) of each direction: per-tile group partials in the
-// forward; per-tile channel partials and group partials in the backward (about
-// 8 * N * blocks_per_sample * C bytes: 8.4 MB at N = 32, C = 320). Pure functions of the shape,
+// forward; per-tile channel partials, group partials and dx's coefficients in the backward (about
+// 8 * N * blocks_per_sample * C bytes: 2.6 MB at N = 32, C = 320). Pure functions of the shape,
 // callable without a GPU.
 size_t group_norm_forward_workspace_bytes(const GroupNormShape& s);
 size_t group_norm_backward_workspace_bytes(const GroupNormShape& s);

@@ -259,10 +259,11 @@ TEST(UnetHost, GroupNormSplitsCoverEveryPixelOnce) {
             EXPECT_GE(blocks, 132) << at;
           }
           EXPECT_LE(blocks, 2048) << at;
-          EXPECT_EQ(group_norm_forward_workspace_bytes(s), static_cast<size_t>(blocks) * G * 8)
-              << at;
+          const size_t partials = static_cast<size_t>(blocks) * G * 8;  // (mean, M2) a tile
+          EXPECT_GE(group_norm_forward_workspace_bytes(s), partials) << at;
+          EXPECT_LT(group_norm_forward_workspace_bytes(s), partials + 256) << at;
           EXPECT_GE(group_norm_backward_workspace_bytes(s),
-                    static_cast<size_t>(blocks) * (2 * C * 4 + G * 8))
+                    static_cast<size_t>(blocks) * (2 * C * 4 + G * 8) + N * G * 8)
               << at;
         }
   // The split, hence the order of every sum, depends on the shape alone.
