@@ -80,6 +80,12 @@ void ReadbackRing::copy(cudaStream_t stream) const {
   REPLAY_LAUNCH_CHECK();
 }
 
+void ReadbackRing::set_first_iteration(int64_t iteration) {
+  REPLAY_REQUIRE(enqueued_ == 0, "ReadbackRing::set_first_iteration after a step was enqueued");
+  REPLAY_REQUIRE(iteration >= 0, "ReadbackRing::set_first_iteration: negative iteration");
+  first_iteration_ = iteration;
+}
+
 void ReadbackRing::step_enqueued(cudaStream_t stream) {
   REPLAY_CUDA_CHECK(cudaEventRecord(events_[static_cast<size_t>(enqueued_ % slots_)], stream));
   enqueued_ += 1;
@@ -95,11 +101,12 @@ void ReadbackRing::check_readable(int64_t s) const {
 }
 
 ReadbackSample ReadbackRing::decode(int64_t s) const {
-  const volatile ReadbackSlot& slot = host_[s % slots_];
+  const int64_t it = first_iteration_ + s;  // the device's iteration of host step s
+  const volatile ReadbackSlot& slot = host_[it % slots_];
   const int64_t tag = slot.tag;
-  if (tag != s + 1) {
+  if (tag != it + 1) {
     throw Error("replay", "readback mismatch",
-                "readback ring: the slot of step " + std::to_string(s) + " holds iteration " +
+                "readback ring: the slot of iteration " + std::to_string(it) + " holds iteration " +
                     std::to_string(tag - 1) +
                     "; the device iteration counter and the host's step count disagree (register "
                     "StepScalars as "

@@ -47,6 +47,9 @@ class ReadbackRing {
 
   // Inside the step (captured in graph modes): one kernel writes every field into the slot.
   void copy(cudaStream_t stream) const;
+  // The device iteration of the first step the host enqueues (0 unless the run resumes from a
+  // checkpoint): host step s is device iteration first + s. Before the first step only.
+  void set_first_iteration(int64_t iteration);
   // After the host has enqueued a step (outside graphs): records that step's event.
   void step_enqueued(cudaStream_t stream);
   int64_t steps_enqueued() const { return enqueued_; }
@@ -68,6 +71,7 @@ class ReadbackRing {
   ReadbackSlot* device_ = nullptr;  // the same memory as the device sees it
   std::vector<cudaEvent_t> events_;
   int64_t enqueued_ = 0;
+  int64_t first_iteration_ = 0;
 };
 
 }  // namespace replay::graphs

@@ -65,6 +65,7 @@ class RngTracker {
   void restore(cudaStream_t stream) const;
 
   int stream_count() const { return static_cast<int>(streams_.size()); }
+  const std::string& stream_name(int i) const { return streams_.at(static_cast<size_t>(i)).name; }
   // The slot of a stream (device pointer), and the positions its ops consume per step.
   const PhiloxSlot* slot(const std::string& stream) const;
   uint64_t consumption(const std::string& stream) const;

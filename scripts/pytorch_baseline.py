@@ -405,14 +405,22 @@ def lr_at(step, opt):
     return fp32(lr)
 
 
-def sequential_batches(num_sequences, micro_batch, count):
-    """Rows of `count` consecutive batches of a token file read in order: batch i of an epoch is rows
-    [i*mb, (i+1)*mb); the num_sequences mod mb rows left over are skipped; then the next epoch begins."""
+def sequential_batches(num_sequences, micro_batch, count, first=0):
+    """Rows of `count` consecutive batches of a token file read in order, from batch `first`: batch i of an
+    epoch is rows [i*mb, (i+1)*mb); the num_sequences mod mb rows left over are skipped; then the next
+    epoch begins (replay's --data-order sequential)."""
     per_epoch = num_sequences // micro_batch
     if per_epoch == 0:
         raise ValueError(f"{num_sequences} sequences hold no micro-batch of {micro_batch}")
     return [list(range((i % per_epoch) * micro_batch, (i % per_epoch + 1) * micro_batch))
-            for i in range(count)]
+            for i in range(first, first + count)]
+
+
+def replay_training_rows(num_sequences, micro_batch):
+    """The rows of a token file replay trains on: all but the held-out split at the end, min(64, N / 16)
+    rows rounded down to whole micro-batches (workloads/transformer/workload.cpp, held_out_rows)."""
+    h = min(64, num_sequences // 16) // micro_batch * micro_batch
+    return num_sequences - h if num_sequences - h >= micro_batch else num_sequences
 
 
 def shard_entropy(data_vocab, vocab_shard):
@@ -1168,7 +1176,7 @@ def token_file_problem(attrs, shape, is_int32, cfg):
     return None
 
 
-def read_token_file(path, cfg, count):
+def read_token_file(path, cfg, count, first=0, rows_limit=None):
     """[count, micro_batch, seq + 1] int64 ids (count micro-batches) from a replay-tokens HDF5 file, batches in sequential order
     (replay shuffles by default; the order does not change the step time), and the file's entropy rate
     when it is the loss floor (TP 1: ids are not remapped)."""
@@ -1188,7 +1196,8 @@ def read_token_file(path, cfg, count):
                                          cfg)
             if problem:
                 raise BaselineError(f"--data {path}: {problem}")
-            rows = [ds[r[0]:r[-1] + 1] for r in sequential_batches(ds.shape[0], cfg["micro_batch"], count)]
+            n = ds.shape[0] if rows_limit is None else min(rows_limit, ds.shape[0])
+            rows = [ds[r[0]:r[-1] + 1] for r in sequential_batches(n, cfg["micro_batch"], count, first)]
     except OSError as e:
         raise BaselineError(f"--data {path}: cannot read as HDF5: {e}") from None
     ids = np.stack(rows).astype(np.int64)
@@ -1199,10 +1208,11 @@ def read_token_file(path, cfg, count):
     return torch.from_numpy(ids), float(floor) if floor is not None else None
 
 
-def step_tokens(cfg, count, seed, data_path):
+def step_tokens(cfg, count, seed, data_path, first=0, rows_limit=None):
     """Every step's tokens, [count, microbatches, micro_batch, seq + 1], mapped into this rank's vocabulary
     shard, in pinned host memory (each step copies its own slice, so no host write races an earlier
-    asynchronous copy); and the loss floor."""
+    asynchronous copy); and the loss floor. From a file: micro-batches from index `first` on, in the
+    file's order within its first `rows_limit` rows (replay's training split)."""
     import torch
     n = count * cfg["microbatches"]
     if data_path is None:
@@ -1210,7 +1220,7 @@ def step_tokens(cfg, count, seed, data_path):
         ids = torch.randint(0, cfg["data_vocab"], (n, cfg["micro_batch"], cfg["seq"] + 1), generator=g)
         floor = shard_entropy(cfg["data_vocab"], cfg["vocab_shard"])
     else:
-        ids, floor = read_token_file(data_path, cfg, n)
+        ids, floor = read_token_file(data_path, cfg, n, first, rows_limit)
     ids = ids.view(count, cfg["microbatches"], cfg["micro_batch"], cfg["seq"] + 1)
     return (ids % cfg["vocab_shard"]).pin_memory(), floor
 
@@ -1318,11 +1328,24 @@ def run_workload(args, cfg, layers):
              f"{o['lr']:g}, cosine decay to {o['min_lr']:g} at step {o['decay_steps']}; AdamW betas "
              f"{o['betas'][0]:g}/{o['betas'][1]:g}, eps {o['eps']:g}, weight decay {o['weight_decay']:g}, "
              f"clip {o['clip_norm']:g}")
-    tokens, floor = step_tokens(cfg, args.warmup + args.steps, args.seed, args.data)
+    first, rows_limit, ckpt = 0, None, None
+    if args.load:
+        from pytorch_checkpoint import read_checkpoint
+        ckpt, _, _ = read_checkpoint(args.load, cfg["workload"])
+        first = int(ckpt["data.position"].item())
+        rows_limit = training_rows_of(args.data, cfg["micro_batch"])
+    tokens, floor = step_tokens(cfg, args.warmup + args.steps, args.seed, args.data, first, rows_limit)
 
     model = build_model(cfg, layers)
     opt = cfg["optimizer"]
     trainer = MixedPrecisionTrainer(model, opt)
+    resumed = 0
+    if ckpt is not None:
+        from pytorch_checkpoint import load_trainer_state, load_weights
+        load_weights(model, ckpt, cfg["workload"], args.load)
+        resumed = load_trainer_state(trainer, model, ckpt, cfg["workload"])
+        progress(f"resumed from {args.load}: optimizer step {resumed}, data from micro-batch {first} "
+                 f"(the file's order)")
     static_tokens = torch.empty(tokens.shape[1:], dtype=tokens.dtype, device="cuda")
     backend = model_backend(cfg)
     torch.cuda.synchronize()
@@ -1373,7 +1396,7 @@ def run_workload(args, cfg, layers):
     step_ms = [start.elapsed_time(end) for start, end in events]
 
     # The schedule ran on the device: its last value must be lr_at of the last step, to the bit.
-    taken = args.warmup + args.steps
+    taken = resumed + args.warmup + args.steps
     lr, count, expected = trainer.lr.item(), trainer.step_count.item(), lr_at(taken - 1, opt)
     if count != taken or lr != expected:
         raise BaselineError(f"device schedule disagrees with lr_at: {count:g} steps taken (expected {taken}), "
@@ -1390,6 +1413,8 @@ def run_workload(args, cfg, layers):
     }
     run = {"preset": cfg["preset"], "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
            "warmup": args.warmup, "data": os.path.abspath(args.data) if args.data else "random"}
+    if args.load:
+        run["load"] = os.path.abspath(args.load)
     return workload_document(cfg, layers, run, step_ms, host_us, peak, measured)
 
 
@@ -1404,8 +1429,18 @@ def cmd_train(args):
         raise BaselineError(f"--json {args.json}: directory {out_dir} does not exist")
     if args.data is not None and not os.path.isfile(args.data):
         raise BaselineError(f"--data {args.data}: no such file")
-    cfg = load_shard_config(args.command, args.preset, getattr(args, "microbatches", None), args.replay_bin,
-                            args.config, schedule_overrides(args))
+    if args.load:
+        if args.data is None:
+            raise BaselineError("--load: give --data, the token file the checkpoint's run trained on")
+        if args.warmup != 0 or args.graphs != "none":
+            raise BaselineError("--load: warm-up steps would train on batches replay did not see; give "
+                                "--warmup 0 --graphs none")
+        require_cuda()
+        from pytorch_checkpoint import read_checkpoint
+        _, _, cfg = read_checkpoint(args.load, args.command)
+    else:
+        cfg = load_shard_config(args.command, args.preset, getattr(args, "microbatches", None),
+                                args.replay_bin, args.config, schedule_overrides(args))
     layers = args.layers if args.layers is not None else default_layers(cfg)
     if layers > cfg["model_layers"]:
         raise BaselineError(f"--layers {layers}: the {cfg['preset']} model has {cfg['model_layers']} layers")
@@ -1426,6 +1461,41 @@ def cmd_train(args):
     write_json(args.json, doc)
     progress(f"wrote {args.json}")
     return 0
+
+
+def training_rows_of(path, micro_batch):
+    """replay_training_rows of a token file's sequence count."""
+    try:
+        import h5py
+    except ImportError as e:
+        raise BaselineError(f"--data needs h5py ({e})") from None
+    with h5py.File(path, "r") as f:
+        return replay_training_rows(f["tokens"].shape[0], micro_batch)
+
+
+def cmd_gradcheck(args):
+    """`gradcheck`: one step's loss and gradients, replay's (--dump-step) against the baseline's on the
+    checkpoint's weights and the same batch (pytorch_checkpoint.gradcheck). Exit 0 when every tensor is
+    within the tolerance, 1 when one is not."""
+    for path, flag in ((args.checkpoint, "--checkpoint"), (args.step, "--step")):
+        if not os.path.isfile(path):
+            raise BaselineError(f"{flag} {path}: no such file")
+    require_cuda()
+    from pytorch_checkpoint import gradcheck
+    doc = gradcheck(args.workload, args.checkpoint, args.step, build_model)
+    worst = max(doc["tensors"], key=lambda r: r["rel_err_replay"] / r["limit"])
+    l = doc["loss"]
+    progress(f"gradcheck {args.workload} {doc['preset']}: loss replay {l['replay']:.6f}, torch bf16 "
+             f"{l['torch_bf16']:.6f}, fp32 {l['torch_fp32']:.6f}; {len(doc['tensors'])} gradients, worst "
+             f"{worst['name']} relative error {worst['rel_err_replay']:.2e} (torch bf16 "
+             f"{worst['rel_err_torch_bf16']:.2e}, limit {worst['limit']:.2e}): "
+             + ("pass" if doc["pass"] else "FAIL"))
+    for r in doc["tensors"]:
+        if not r["pass"]:
+            progress(f"  {r['name']}: replay {r['rel_err_replay']:.3e} > limit {r['limit']:.3e}")
+    if args.json:
+        write_json(args.json, doc)
+    return 0 if doc["pass"] else 1
 
 
 def schedule_overrides(args):
@@ -1534,8 +1604,20 @@ def build_parser():
         sched.add_argument("--warmup-steps", type=_int_at_least(0), default=None, help="linear warm-up steps")
         sched.add_argument("--decay-steps", type=_int_at_least(1), default=None,
                            help="the step the decay ends at, warm-up included")
+        p.add_argument("--load", metavar="CHECKPOINT", default=None,
+                       help="start from a replay checkpoint (--save's step-N.safetensors): its weights, fp32 "
+                            "masters, Adam moments and step; its configuration instead of --print-config's; "
+                            "the --data file from the checkpoint's data position in the file's order "
+                            "(replay's --data-order sequential); needs --warmup 0 --graphs none")
         p.add_argument("--json", required=True, help="output JSON path")
         p.set_defaults(func=cmd_train)
+    g = sub.add_parser("gradcheck", help="one step's loss and gradients against replay's --dump-step, on a "
+                                         "replay checkpoint's weights")
+    g.add_argument("workload", choices=("gpt3", "llama31"))
+    g.add_argument("--checkpoint", required=True, help="the checkpoint replay's step started from")
+    g.add_argument("--step", required=True, help="what `--load CHECKPOINT --steps 1 --dump-step FILE` wrote")
+    g.add_argument("--json", default=None, help="write every tensor's errors here")
+    g.set_defaults(func=cmd_gradcheck)
     return parser
 
 

@@ -5,7 +5,7 @@
 #   scripts/setup.sh --check    only report what is missing (exit 1 if anything is)
 #   scripts/setup.sh --bundle   also stage .deps/ (git-ignored): what the GPU machine lacks, so the same
 #                               tree builds and tests there: the cuDNN frontend headers and the
-#                               mlperf-logging Python package
+#                               mlperf-logging and safetensors Python packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +46,7 @@ done
 
 # --- Python packages ---------------------------------------------------------------------------------
 # nvidia-cudnn-frontend is installed for its C++ headers only, hence --no-deps.
-pips=(nvidia-cudnn-frontend matplotlib mlperf-logging)
+pips=(nvidia-cudnn-frontend matplotlib mlperf-logging safetensors)
 missing_pips=()
 for p in "${pips[@]}"; do
   python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$p" >/dev/null 2>&1 \
@@ -92,6 +92,9 @@ EOF
   cp -r "$fe_include" .deps/cudnn-frontend/include
   mll=$(python3 -c "import mlperf_logging, os; print(os.path.dirname(mlperf_logging.__file__))")
   cp -r "$mll" .deps/python/
+  # safetensors: checkpoints in PyTorch (its extension is abi3: any Python 3 of the GPU machine).
+  st=$(python3 -c "import safetensors, os; print(os.path.dirname(safetensors.__file__))")
+  cp -r "$st" .deps/python/
   find .deps -name __pycache__ -prune -exec rm -rf {} +
-  say "staged .deps/ ($(du -sh .deps | cut -f1)): cuDNN frontend headers, mlperf_logging"
+  say "staged .deps/ ($(du -sh .deps | cut -f1)): cuDNN frontend headers, mlperf_logging, safetensors"
 fi

@@ -8,6 +8,7 @@
 #include "common/bench/mllog.h"
 #include "common/check.h"
 #include "common/version.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace replay::train {
@@ -97,9 +98,18 @@ std::optional<RunFlags> parse(Workload& w, const std::vector<std::string>& args,
 RunFlags resolve(Workload& w, RunFlags f) {
   const Preset& preset = find_preset(w, f.preset);
   if (f.steps == 0) f.steps = preset.steps;
-  if (f.seed == 0) f.seed = bench::seed_from_clock();
+  if (f.seed == 0)  // a resumed run keeps its checkpoint's seed: the data order follows it
+    f.seed = f.load.empty() ? bench::seed_from_clock() : checkpoint_seed(find_checkpoint(f.load));
   if (f.eval_interval > 0 && !w.evaluates())
     throw bench::UsageError("--eval-interval: " + w.info().tool + " has no evaluation yet");
+  if (f.save_interval > 0 && f.save.empty())
+    throw bench::UsageError("--save-interval: give --save, the directory the checkpoints go to");
+  if (!std::isnan(f.target_quality) && !std::isnan(f.target_above_floor))
+    throw bench::UsageError("--target-above-floor: give it or --target-quality, not both");
+  if (!std::isnan(f.target_above_floor) && f.eval_interval == 0)
+    throw bench::UsageError(
+        "--target-above-floor: the run stops at an evaluation that reaches it; give "
+        "--eval-interval");
   if (!std::isnan(f.target_quality) && f.eval_interval == 0)
     throw bench::UsageError(
         "--target-quality: the run stops at an evaluation that reaches it; give --eval-interval");
@@ -146,8 +156,14 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   std::fprintf(out, "# schedule: %s%s%s\n", describe(training.schedule).c_str(),
                training.schedule_source.empty() ? "" : "; ", training.schedule_source.c_str());
 
-  // Data first: a missing or malformed file is an error before any GPU work.
+  // Data first: a missing or malformed file is an error before any GPU work. So are a checkpoint
+  // to resume from that is not this run's, and a save directory that cannot be written.
   w.open_data(f, out);
+  const CheckpointIdentity identity{info.tool, info.name, f.preset, w.precision(), f.seed};
+  std::unique_ptr<safetensors::Reader> resume;
+  if (!f.load.empty()) resume = open_checkpoint(find_checkpoint(f.load), identity);
+  if (!f.save.empty()) prepare_save_directory(f.save);
+  if (!f.dump_step.empty()) check_output_file("--dump-step", f.dump_step);
 
   Context ctx(f.device);
   const EnvironmentReport env = ctx.environment();
@@ -162,6 +178,16 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // The model and the arena.
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
+  double target_quality = f.target_quality;
+  if (!std::isnan(f.target_above_floor)) {
+    if (std::isnan(model->loss_floor()))
+      throw bench::UsageError(
+          "--target-above-floor: the data's loss floor is not known (give "
+          "--target-quality)");
+    target_quality = model->loss_floor() + f.target_above_floor;
+    std::fprintf(out, "# target: loss %.6f (the data's floor %.6f + %g)\n", target_quality,
+                 model->loss_floor(), f.target_above_floor);
+  }
   TrainerOptions topt;
   topt.mode = graphs::parse_graph_mode(f.graphs);
   topt.warmup = f.warmup;
@@ -174,6 +200,14 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
                model->params().total_numel());
   trainer.allocate();
   std::fputs(trainer.arena().table().c_str(), out);
+  int64_t first = 0;  // steps taken before this run
+  if (resume) {
+    check_tensors(*resume, checkpoint_tensors(trainer));
+    const auto t_load = std::chrono::steady_clock::now();
+    first = load_checkpoint(*resume, trainer);
+    std::fprintf(out, "# resumed from %s after %" PRId64 " steps (%.1f ms)\n",
+                 resume->path().c_str(), first, ms_since(t_load));
+  }
   if (trainer.peaks().bf16_gemm_tflops > 0)
     std::fprintf(out, "# peak: bf16 GEMM %.1f TFLOP/s (8192^3, measured)\n",
                  trainer.peaks().bf16_gemm_tflops);
@@ -220,14 +254,17 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   mllog.end(k::kInitStop);
   mllog.start(k::kRunStart);
   const auto run_start = std::chrono::steady_clock::now();
-  mllog.start(k::kBlockStart, {{k::kSamplesCount, 0}});
+  const double samples_per_step = model->samples_per_step();
+  mllog.start(
+      k::kBlockStart,
+      {{k::kSamplesCount, static_cast<int64_t>(static_cast<double>(first) * samples_per_step)}});
 
   // The timed steps, with evaluations between them.
   RunResult r;
   bench::WorkloadReport& rep = r.report;
-  const double samples_per_step = model->samples_per_step();
   bench::LoopConfig loop;
   loop.steps = f.steps;
+  loop.first_step = first;
   loop.log_interval = f.log_interval;
   loop.untimed_steps = f.verify_graphs ? 1 : 0;
   loop.units_per_step = model->units_per_step();
@@ -249,49 +286,77 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   callbacks.on_progress = [&](int64_t step, double units_per_s, const bench::StepSample& s) {
     mllog.tracked_stats(step + 1, {{"throughput", units_per_s}, {"loss", s.loss}});
   };
+  std::optional<int64_t> last_saved;
+  auto save = [&] {
+    const auto t_save = std::chrono::steady_clock::now();
+    const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f));
+    const double seconds = ms_since(t_save) * 1e-3;
+    std::fprintf(out, "# saved %s (%.1f MB, %.2f s)\n", c.path.c_str(),
+                 static_cast<double>(c.bytes) / 1e6, seconds);
+    rep.checkpoints.push_back({c.iteration, c.path, c.bytes, seconds});
+    last_saved = c.iteration;
+  };
   callbacks.after_step = [&](int64_t step) {
-    const int64_t done = step + 1;
-    if (f.eval_interval == 0 || (done % f.eval_interval != 0 && done != f.steps))
-      return bench::LoopCallbacks::After::kNothing;
-    const auto samples = static_cast<int64_t>(static_cast<double>(done) * samples_per_step);
-    mllog.end(k::kBlockStop, {{k::kSamplesCount, samples}});
-    mllog.start(k::kEvalStart, {{k::kSamplesCount, samples}});
-    const auto e0 = std::chrono::steady_clock::now();
-    const double value = trainer.evaluate(eval_samples);
-    mllog.event(k::kEvalAccuracy, value, {{k::kSamplesCount, samples}});
-    mllog.end(k::kEvalStop, {{k::kSamplesCount, samples}});
-    std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n", done,
-                 eval->metric.c_str(), value, eval_samples, ms_since(e0));
-    rep.evals.push_back({done, eval_samples, value});
-    const bool reached =
-        !std::isnan(f.target_quality) &&
-        (eval->higher_is_better ? value >= f.target_quality : value <= f.target_quality);
-    if (reached) {
-      rep.steps_to_target = done;
-      return bench::LoopCallbacks::After::kStop;
+    const int64_t done = first + step + 1;  // steps taken, those before a resume included
+    const bool last = step + 1 == f.steps;
+    auto after = bench::LoopCallbacks::After::kNothing;
+    if (f.eval_interval > 0 && (done % f.eval_interval == 0 || last)) {
+      after = bench::LoopCallbacks::After::kWorked;
+      const auto samples = static_cast<int64_t>(static_cast<double>(done) * samples_per_step);
+      mllog.end(k::kBlockStop, {{k::kSamplesCount, samples}});
+      mllog.start(k::kEvalStart, {{k::kSamplesCount, samples}});
+      const auto e0 = std::chrono::steady_clock::now();
+      const double value = trainer.evaluate(eval_samples);
+      mllog.event(k::kEvalAccuracy, value, {{k::kSamplesCount, samples}});
+      mllog.end(k::kEvalStop, {{k::kSamplesCount, samples}});
+      std::fprintf(out, "eval after step %" PRId64 ": %s %.6f (%" PRId64 " samples, %.1f ms)\n",
+                   done, eval->metric.c_str(), value, eval_samples, ms_since(e0));
+      rep.evals.push_back({done, eval_samples, value, ms_since(e0) * 1e-3});
+      const bool reached =
+          !std::isnan(target_quality) &&
+          (eval->higher_is_better ? value >= target_quality : value <= target_quality);
+      if (reached) {
+        rep.steps_to_target = done;
+        after = bench::LoopCallbacks::After::kStop;
+      } else if (!last) {
+        mllog.start(k::kBlockStart, {{k::kSamplesCount, samples}});
+      }
     }
-    if (done != f.steps) mllog.start(k::kBlockStart, {{k::kSamplesCount, samples}});
-    return bench::LoopCallbacks::After::kWorked;
+    if (step == 0 && !f.dump_step.empty()) {
+      dump_step(f.dump_step, trainer, identity);
+      std::fprintf(out, "# wrote step %" PRId64 "'s loss, gradients and batch to %s\n", done,
+                   f.dump_step.c_str());
+      if (after == bench::LoopCallbacks::After::kNothing)
+        after = bench::LoopCallbacks::After::kWorked;
+    }
+    if (f.save_interval > 0 && done % f.save_interval == 0) {
+      save();
+      if (after == bench::LoopCallbacks::After::kNothing)
+        after = bench::LoopCallbacks::After::kWorked;
+    }
+    return after;
   };
   const bench::LoopResult result = bench::run_steps(ctx.stream(), loop, callbacks, out);
   const auto trained =
-      static_cast<int64_t>(static_cast<double>(result.steps_run) * samples_per_step);
+      static_cast<int64_t>(static_cast<double>(first + result.steps_run) * samples_per_step);
   if (f.eval_interval == 0) mllog.end(k::kBlockStop, {{k::kSamplesCount, trained}});
-  const bool aborted = !std::isnan(f.target_quality) && !rep.steps_to_target;
+  const bool aborted = !std::isnan(target_quality) && !rep.steps_to_target;
   mllog.end(k::kRunStop, {{k::kStatus, aborted ? k::kAborted : k::kSuccess}});
-  if (!std::isnan(f.target_quality)) {
-    rep.target_quality = f.target_quality;
+  if (!std::isnan(target_quality)) {
+    rep.target_quality = target_quality;
     if (rep.steps_to_target) {
       rep.time_to_train_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
       std::fprintf(out, "# target %s %g reached after %" PRId64 " steps: %.3f s to train\n",
-                   eval->metric.c_str(), f.target_quality, *rep.steps_to_target,
+                   eval->metric.c_str(), target_quality, *rep.steps_to_target,
                    *rep.time_to_train_s);
     } else {
       std::fprintf(out, "# target %s %g not reached in %" PRId64 " steps (run_stop aborted)\n",
-                   eval->metric.c_str(), f.target_quality, result.steps_run);
+                   eval->metric.c_str(), target_quality, result.steps_run);
     }
   }
+
+  if (!f.save.empty() && last_saved != first + result.steps_run) save();
 
   // The summary.
   rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -
@@ -325,6 +390,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   rep.weights_hash = bench::device_hash(ps.weights().data, ps.weights().bytes());
   r.master_hash = bench::device_hash(ps.masters().data, ps.masters().bytes());
   rep.loss_floor = model->loss_floor();
+  if (resume) {
+    rep.resumed_from = resume->path();
+    rep.first_step = first;
+  }
 
   std::fputs(bench::summary(rep).c_str(), out);
   if (!f.json.empty()) {

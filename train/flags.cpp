@@ -112,6 +112,10 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
                  "stop at the first evaluation that reaches this value of the workload's metric "
                  "and report the time to train (needs --eval-interval)")
       ->check(number_in(-1e30, 1e30));
+  app.add_option("--target-above-floor", f.target_above_floor,
+                 "the same, with the target this many nats above the data's loss floor (synthetic "
+                 "data, whose floor is known)")
+      ->check(number_in(0.0, 1e3));
   app.add_option("--lr", f.lr, "peak learning rate (default: the preset's schedule)")
       ->check(number_in(0.0, 1e3));
   app.add_option("--min-lr", f.min_lr, "learning rate the decay ends at (default: the preset's)")
@@ -121,6 +125,18 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
   app.add_option("--decay-steps", f.decay_steps,
                  "the step the decay ends at, warm-up included (default: the preset's)")
       ->check(integer_in(1, kMaxInt));
+  app.add_option("--save", f.save,
+                 "save checkpoints in this directory (step-N.safetensors): at the end, and every "
+                 "--save-interval steps");
+  app.add_option("--save-interval", f.save_interval,
+                 "steps between checkpoints (0: at the end only)")
+      ->check(integer_in(0, kMaxInt));
+  app.add_option("--load", f.load,
+                 "resume from a checkpoint: a step-N.safetensors file or a --save directory (its "
+                 "newest); --steps more steps follow");
+  app.add_option("--dump-step", f.dump_step,
+                 "write the first step's loss, gradients and batch to this safetensors file (a "
+                 "cross-check with another tool)");
   app.add_flag("--print-config", f.print_config,
                "print the resolved configuration as JSON and exit (no GPU needed)");
   if (add_own) add_own(app);
@@ -173,9 +189,14 @@ std::string describe(const RunFlags& f) {
   if (f.warmup_steps >= 0) os << "# warmup_steps: " << f.warmup_steps << "\n";
   if (f.decay_steps >= 0) os << "# decay_steps: " << f.decay_steps << "\n";
   if (!std::isnan(f.target_quality)) os << "# target_quality: " << f.target_quality << "\n";
+  if (!std::isnan(f.target_above_floor))
+    os << "# target_above_floor: " << f.target_above_floor << "\n";
   if (f.eval_interval > 0)
     os << "# eval_interval: " << f.eval_interval << "\n# eval_samples: " << f.eval_samples << "\n";
   if (!f.inject.empty()) os << "# inject: " << f.inject << "\n";
+  if (!f.load.empty()) os << "# load: " << f.load << "\n";
+  if (!f.save.empty())
+    os << "# save: " << f.save << " (every " << f.save_interval << " steps; 0: at the end)\n";
   return os.str();
 }
 

@@ -1,10 +1,11 @@
 // flags.h: the protocol flags every replay workload binary takes (--preset, --graphs, --steps,
 // --warmup, --seed, --data, --json, --mllog, --verify-graphs, --host-delay-us, --log-interval,
-// --device, --inject, --eval-interval, --eval-samples, --target-quality, --print-config, and the
-// schedule's --lr,
-// --min-lr, --warmup-steps, --decay-steps), parsed with CLI11 together
-// with the flags a workload adds for itself (--layers, --dropout, ...), and the validators both
-// use, whose messages say what was expected ("--steps: 'many' is not an integer").
+// --device, --inject, --eval-interval, --eval-samples, --target-quality, --target-above-floor,
+// --save, --save-interval,
+// --load, --dump-step, --print-config, and the schedule's --lr, --min-lr, --warmup-steps,
+// --decay-steps), parsed with CLI11 together with the flags a workload adds for itself (--layers,
+// --dropout, ...), and the validators both use, whose messages say what was expected ("--steps:
+// 'many' is not an integer").
 #pragma once
 
 #include <cmath>
@@ -40,6 +41,11 @@ struct RunFlags {
   int64_t eval_samples = 0;     // held-out samples per evaluation; 0: the workload's default
   bool print_config = false;    // print the resolved configuration as JSON and exit
   double target_quality = NAN;  // stop at the first evaluation that reaches it (time to train)
+  double target_above_floor = NAN;  // the same, at the data's loss floor + this (synthetic data)
+  std::string save;                 // checkpoint directory (train/checkpoint.h); empty: none
+  int64_t save_interval = 0;        // steps between checkpoints; 0: at the end only
+  std::string load;                 // resume from this checkpoint file or directory; empty: fresh
+  std::string dump_step;            // write the first step's loss, gradients and batch here
   // The learning-rate schedule, overriding the preset's where set (NaN, -1: the preset's).
   double lr = NAN;            // peak (base) learning rate
   double min_lr = NAN;        // the rate the decay ends at

@@ -67,6 +67,25 @@ class Model {
   // shape key it needs, and returns it.
   virtual int load_batch(cudaStream_t stream) = 0;
 
+  // ---- Checkpoints (train/checkpoint.h) ----
+  // The training data's cursor: the index, in the model's own batch order, of the batch the next
+  // load_batch() reads. A checkpoint stores it, so a resumed run sees the batches the uninterrupted
+  // run would have seen.
+  virtual int64_t data_position() const = 0;
+  // Makes the next load_batch() read batch `position` (set-up, before the first load_batch()).
+  virtual void seek_data(int64_t position) = 0;
+  // Device state a step carries besides the parameters, the optimizer's moments, the step scalars
+  // and the RNG (a router's biases, EMA weights), saved and loaded as "state.<name>". None by
+  // default.
+  struct NamedTensor {
+    std::string name;
+    TensorView view;
+  };
+  virtual std::vector<NamedTensor> checkpoint_state() const { return {}; }
+  // The step's input batch as it sits in the model's static buffers (--dump-step writes it, so
+  // another tool can compute the same step). None by default.
+  virtual std::vector<NamedTensor> batch_tensors() const { return {}; }
+
   // ---- Evaluation (optional) ----
   virtual std::optional<EvalInfo> evaluation() const { return std::nullopt; }
   // Regions that evaluate the current held-out batch and add its result to device accumulators

@@ -163,6 +163,11 @@ graphs::RegionArgs Trainer::optimizer_args() const {
       .read_write("step_scalars", step_scalars_view(scalars_));
 }
 
+void Trainer::resume_at(int64_t iteration) {
+  REPLAY_REQUIRE(readback_ != nullptr, "Trainer::resume_at before allocate");
+  readback_->set_first_iteration(iteration);
+}
+
 void Trainer::load_batch() {
   key_ = model_.load_batch(ctx_.stream());
 }

@@ -92,6 +92,10 @@ class Trainer {
   const graphs::StepPlan& step_plan() const { return *step_plan_; }
   const graphs::StepPlan* eval_plan() const { return eval_plan_.get(); }
   StepScalars* scalars() const { return scalars_; }
+  const graphs::RngTracker& rng() const { return *rng_; }
+  // A run resumed from a checkpoint whose step scalars say `iteration` steps were taken: the
+  // readback ring's first step is that iteration (after allocate(), before the first step).
+  void resume_at(int64_t iteration);
   cudaStream_t stream() const { return ctx_.stream(); }
   // The region --inject planted its fault in ("" without one).
   const std::string& fault_region() const { return fault_region_; }

@@ -126,8 +126,8 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
       std::fprintf(out,
                    "step %6" PRId64 "/%" PRId64
                    "  loss %8.4f  lr %.3e  gnorm %8.4f  %9.3f ms  %11.0f %s/s  %7.1f TFLOP/s",
-                   s + 1, c.steps, sample.loss, sample.lr, sample.grad_norm, ms, units_per_s,
-                   c.unit_short.c_str(), tflops);
+                   c.first_step + s + 1, c.first_step + c.steps, sample.loss, sample.lr,
+                   sample.grad_norm, ms, units_per_s, c.unit_short.c_str(), tflops);
       if (c.peak_tflops > 0) std::fprintf(out, "  MFU %5.1f%%", 100.0 * tflops / c.peak_tflops);
       if (std::isfinite(sample.loss_scale)) std::fprintf(out, "  scale %g", sample.loss_scale);
       std::fprintf(out, "\n");
@@ -174,43 +174,6 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& c, const LoopCallbac
 }
 
 // ---- Hashes and memory ------------------------------------------------------------------------
-
-namespace {
-constexpr uint64_t kFnvPrime = 0x100000001b3ull;
-}
-
-void Hasher::update(const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (bytes > 0 && tail_bytes_ > 0) {  // complete a word begun by the previous piece
-    tail_[tail_bytes_++] = *p++;
-    --bytes;
-    if (tail_bytes_ == 8) {
-      uint64_t w;
-      std::memcpy(&w, tail_, 8);
-      h_ = (h_ ^ w) * kFnvPrime;
-      tail_bytes_ = 0;
-    }
-  }
-  for (; bytes >= 8; bytes -= 8, p += 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h_ = (h_ ^ w) * kFnvPrime;
-  }
-  std::memcpy(tail_ + tail_bytes_, p, bytes);
-  tail_bytes_ += bytes;
-}
-
-uint64_t Hasher::value() const {
-  uint64_t h = h_;
-  for (size_t i = 0; i < tail_bytes_; ++i) h = (h ^ tail_[i]) * kFnvPrime;
-  return h;
-}
-
-std::string Hasher::hex() const {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, value());
-  return buf;
-}
 
 std::string loss_hash(const std::vector<float>& losses) {
   Hasher h;
@@ -306,12 +269,21 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
       results.push_back(
           {{"step", e.step},
            {"samples", e.samples},
-           {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)}});
+           {"value", std::isfinite(e.value) ? ordered_json(e.value) : ordered_json(nullptr)},
+           {"seconds", e.seconds}});
     j["evaluation"] = {{"metric", r.eval_metric}, {"results", results}};
   }
   j["target_quality"] = or_null_opt(r.target_quality);
   j["steps_to_target"] = or_null_opt(r.steps_to_target);
   j["time_to_train_s"] = or_null_opt(r.time_to_train_s);
+  j["resumed_from"] = r.resumed_from.empty()
+                          ? ordered_json(nullptr)
+                          : ordered_json{{"path", r.resumed_from}, {"step", r.first_step}};
+  ordered_json saved = ordered_json::array();
+  for (const CheckpointRecord& c : r.checkpoints)
+    saved.push_back(
+        {{"step", c.step}, {"path", c.path}, {"bytes", c.bytes}, {"seconds", c.seconds}});
+  j["checkpoints"] = saved;
   return j;
 }
 

@@ -21,6 +21,7 @@
 
 #include "common/bench/timing.h"
 #include "common/context.h"
+#include "common/hash.h"
 
 namespace replay::bench {
 
@@ -54,6 +55,7 @@ struct StepSample {
 
 struct LoopConfig {
   int64_t steps = 0;
+  int64_t first_step = 0;  // steps taken before this run (a resumed run): progress lines count on
   int log_interval = 10;
   int readback_lag = 2;            // after enqueuing step s the host reads step s - lag
   int64_t untimed_steps = 0;       // leading steps left out of the statistics (a verified step)
@@ -93,18 +95,6 @@ LoopResult run_steps(cudaStream_t stream, const LoopConfig& config, const LoopCa
 
 // ---- Reports ----
 
-// 64-bit hash (FNV-1a over little-endian 64-bit words, then the tail bytes), fed in pieces.
-class Hasher {
- public:
-  void update(const void* data, size_t bytes);
-  uint64_t value() const;
-  std::string hex() const;  // 16 hex digits
-
- private:
-  uint64_t h_ = 0xcbf29ce484222325ull;
-  unsigned char tail_[8] = {};
-  size_t tail_bytes_ = 0;
-};
 // The exact float bits of every loss, hashed in order.
 std::string loss_hash(const std::vector<float>& losses);
 // Device memory copied to the host in pieces and hashed (synchronous: after the run only).
@@ -118,6 +108,15 @@ struct EvalResult {
   int64_t step = 0;
   int64_t samples = 0;
   double value = NAN;
+  double seconds = 0;  // the evaluation's wall time (its share of the time to train)
+};
+
+// One checkpoint a run saved (train/checkpoint.h).
+struct CheckpointRecord {
+  int64_t step = 0;  // steps taken when it was saved
+  std::string path;
+  uint64_t bytes = 0;
+  double seconds = 0;  // the save's wall time, the device sync included
 };
 
 // One workload run, as SCHEMA.md "Workload runs" writes it.
@@ -150,6 +149,11 @@ struct WorkloadReport {
   std::optional<double> target_quality;
   std::optional<int64_t> steps_to_target;
   std::optional<double> time_to_train_s;
+  // Checkpoints: the one the run resumed from (its path and the steps it had taken) and those it
+  // saved.
+  std::string resumed_from;
+  int64_t first_step = 0;
+  std::vector<CheckpointRecord> checkpoints;
 
   double units_per_s() const;
   double model_tflops() const;

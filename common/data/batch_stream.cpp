@@ -85,6 +85,31 @@ BatchStream::~BatchStream() {
     if (slot.copied) cudaEventSynchronize(slot.copied.get());
 }
 
+void BatchStream::seek(int64_t index) {
+  REPLAY_REQUIRE(index >= 0, "BatchStream::seek: negative batch index");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    REPLAY_REQUIRE(consumed_ == 0, "BatchStream::seek after the first batch was handed out");
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  // Nothing was handed out, so no copy reads the ring: the prefetch restarts from `index`.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = false;
+    produced_ = 0;
+    error_ = nullptr;
+    first_ = index;
+  }
+  thread_ = std::thread(&BatchStream::prefetch_loop, this);
+}
+
+int64_t BatchStream::position() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return first_ + consumed_;
+}
+
 void BatchStream::prefetch_loop() {
   try {
     if (!options_.host_only) {
@@ -108,7 +133,7 @@ void BatchStream::prefetch_loop() {
       }
       // ... and until the device has finished reading it (the training thread never waits here).
       if (slot.copied) REPLAY_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
-      order.rows(b, rows.data());
+      order.rows(first_ + b, rows.data());
       for (int64_t r = 0; r < micro_batch_;) {  // one read per run of consecutive rows
         int64_t n = 1;
         while (r + n < micro_batch_ && rows[r + n] == rows[r] + n) ++n;

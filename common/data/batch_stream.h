@@ -70,6 +70,13 @@ class BatchStream {
   // read error on the prefetch thread is rethrown here, at the batch that failed.
   void next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_targets);
 
+  // Makes batch `index` of the order (BatchOrder) the next one next() hands out: a run resumed from
+  // a checkpoint continues the order where the saved run stopped. Only before the first next().
+  void seek(int64_t index);
+  // The order's index of the batch the next next() hands out (batches since index 0, not since
+  // the seek).
+  int64_t position() const;
+
   const TokenFileInfo& info() const { return file_.info(); }
   int64_t num_rows() const { return num_rows_; }  // the rows it visits
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
@@ -101,6 +108,7 @@ class BatchStream {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  int64_t first_ = 0;     // the order's index of batch 0 of the ring (seek)
   int64_t produced_ = 0;  // batches [0, produced_) are in the ring or delivered
   int64_t consumed_ = 0;  // batches [0, consumed_) have had their copies issued
   int64_t stalls_ = 0;

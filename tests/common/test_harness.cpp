@@ -93,7 +93,9 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
                                              "evaluation",
                                              "target_quality",
                                              "steps_to_target",
-                                             "time_to_train_s"};
+                                             "time_to_train_s",
+                                             "resumed_from",
+                                             "checkpoints"};
   EXPECT_EQ(keys_of(j), expected);
   EXPECT_EQ(keys_of(j["step_ms"]),
             (std::vector<std::string>{"median", "p10", "p90", "mean", "count"}));
@@ -117,6 +119,24 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
   EXPECT_TRUE(j["evaluation"].is_null());
   EXPECT_TRUE(j["target_quality"].is_null() && j["steps_to_target"].is_null() &&
               j["time_to_train_s"].is_null());
+  EXPECT_TRUE(j["resumed_from"].is_null());
+  EXPECT_TRUE(j["checkpoints"].is_array() && j["checkpoints"].empty());
+}
+
+TEST(HarnessJson, CheckpointsAndTheResumePointAreListed) {
+  WorkloadReport r = sample_report();
+  r.resumed_from = "ckpt/step-00000010.safetensors";
+  r.first_step = 10;
+  r.checkpoints = {{20, "ckpt/step-00000020.safetensors", 4096, 0.25}};
+  const nlohmann::ordered_json j = to_json(r);
+  EXPECT_EQ(j["resumed_from"]["path"], "ckpt/step-00000010.safetensors");
+  EXPECT_EQ(j["resumed_from"]["step"], 10);
+  ASSERT_EQ(j["checkpoints"].size(), 1u);
+  EXPECT_EQ(keys_of(j["checkpoints"][0]),
+            (std::vector<std::string>{"step", "path", "bytes", "seconds"}));
+  EXPECT_EQ(j["checkpoints"][0]["step"], 20);
+  EXPECT_EQ(j["checkpoints"][0]["bytes"], 4096);
+  EXPECT_DOUBLE_EQ(j["checkpoints"][0]["seconds"].get<double>(), 0.25);
 }
 
 TEST(HarnessJson, ThroughputTakesTheUnitsNameAndEvaluationsAreListed) {

@@ -295,9 +295,14 @@ void MlpModel::copy_rows(int64_t first_row, cudaStream_t s) {
 }
 
 int MlpModel::load_batch(cudaStream_t stream) {
-  copy_rows(next_train_ * shape_.batch, stream);
-  next_train_ = (next_train_ + 1) % shape_.train_batches;
+  copy_rows(next_train_ % shape_.train_batches * shape_.batch, stream);
+  next_train_ += 1;
   return 0;
+}
+
+void MlpModel::seek_data(int64_t position) {
+  REPLAY_REQUIRE(position >= 0, "MlpModel::seek_data: negative position");
+  next_train_ = position;
 }
 
 // ---- Evaluation: the held-out loss

@@ -34,6 +34,10 @@ TEST(Gpt3TimeToTrain, ReachesItsTargetAtTheSameStepInEveryMode) {
   test::expect_time_to_train(recipe());
 }
 
+TEST(Gpt3Checkpoint, ResumeIsBitExactInEveryMode) {
+  test::expect_resume_bit_exact(recipe());
+}
+
 TEST(Gpt3Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

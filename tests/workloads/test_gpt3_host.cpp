@@ -94,6 +94,29 @@ TEST(Gpt3Cli, TheTinyPresetHasAScheduleOfItsOwnAndTheShardsMlperfs) {
   EXPECT_TRUE(has(j["training"]["schedule"]["source"].get<std::string>(), "global batch of 2"));
 }
 
+TEST(Gpt3Cli, TheSmallPresetIsGpt3SmallWithItsOwnSchedule) {
+  const nlohmann::json j =
+      nlohmann::json::parse(run_binary("--preset small --print-config").output);
+  const nlohmann::json& c = j["config"];
+  EXPECT_EQ(c["layers"], 12);
+  EXPECT_EQ(c["hidden"], 768);
+  EXPECT_EQ(c["heads"], 12);
+  EXPECT_EQ(c["head_dim"], 64);
+  EXPECT_EQ(c["ffn"], 3072);
+  EXPECT_EQ(c["seq"], 1024);
+  EXPECT_EQ(c["micro_batch"], 8);
+  EXPECT_EQ(c["tp"], 1);
+  EXPECT_EQ(c["dropout"], 0.0);
+  EXPECT_EQ(c["data_order"], "shuffled");
+  // About 125M parameters: the embeddings (padded vocabulary and 1024 positions) and 12 layers.
+  const double vocab = c["vocab"].get<double>(), h = 768;
+  const double params = (vocab + 1024) * h + 12 * (12 * h * h + 13 * h) + 2 * h;
+  EXPECT_NEAR(params / 1e6, 125.0, 2.0);
+  EXPECT_DOUBLE_EQ(j["training"]["schedule"]["lr"].get<double>(), 6e-4);
+  EXPECT_EQ(j["training"]["schedule"]["warmup_steps"], 100);
+  EXPECT_TRUE(has(j["training"]["schedule"]["source"].get<std::string>(), "small preset's own"));
+}
+
 TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
   transformer::TransformerWorkload w(recipe());
   const train::RunFlags f = test::resolved(w, {});

@@ -35,6 +35,10 @@ TEST(Llama31TimeToTrain, ReachesItsTargetAtTheSameStepInEveryMode) {
   test::expect_time_to_train(recipe());
 }
 
+TEST(Llama31Checkpoint, ResumeIsBitExactInEveryMode) {
+  test::expect_resume_bit_exact(recipe());
+}
+
 TEST(Llama31Modes, GradientAccumulationIsBitIdenticalAcrossModes) {
   test::ModeRuns runs;
   ASSERT_NO_FATAL_FAILURE(test::expect_accumulation_bit_identical(

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "common/data/token_file.h"
+#include "common/safetensors.h"
 #include "tests/support/compare.h"
 #include "train/trainer.h"
 
@@ -155,6 +156,43 @@ void expect_tiny_schedule_learns(const transformer::Recipe& r) {
   EXPECT_LT(tail, floor + 0.4) << "the tiny schedule left the loss at " << tail << ", floor "
                                << floor;
   EXPECT_GT(tail, floor - 0.05) << "below the entropy floor: the loss is not what it claims";
+}
+
+void expect_resume_bit_exact(const transformer::Recipe& r) {
+  char tmpl[] = "/tmp/replay-resume-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::vector<std::string> common = {"--warmup",       "2", "--dropout", "0.1",
+                                           "--microbatches", "2"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  auto data_hash = [](const std::string& path) {
+    return safetensors::Reader(path).meta(safetensors::kDataHashKey);
+  };
+  const struct {
+    const char *save_mode, *resume_mode;
+  } cases[] = {{"none", "none"}, {"layer", "layer"}, {"full", "full"}, {"none", "full"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.save_mode) + " resumed in " + c.resume_mode);
+    const std::string a = dir + "/" + c.save_mode + "-" + c.resume_mode + "-a",
+                      b = dir + "/" + c.save_mode + "-" + c.resume_mode + "-b";
+    const RunResult whole = run_tiny(
+        r, with({"--graphs", c.save_mode, "--steps", "20", "--save", a, "--save-interval", "10"}));
+    const RunResult half = run_tiny(r, with({"--graphs", c.resume_mode, "--steps", "10", "--load",
+                                             a + "/step-00000010.safetensors", "--save", b}));
+    ASSERT_EQ(whole.report.losses.size(), 20u);
+    ASSERT_EQ(half.report.losses.size(), 10u);
+    EXPECT_EQ(half.report.first_step, 10);
+    EXPECT_TRUE(bit_equal("losses of steps 10-19", whole.report.losses.data() + 10,
+                          half.report.losses.data(), 10 * sizeof(float)));
+    EXPECT_EQ(*whole.report.weights_hash, *half.report.weights_hash) << "bf16 weights at 20";
+    EXPECT_EQ(whole.master_hash, half.master_hash) << "fp32 master weights at 20";
+    EXPECT_EQ(data_hash(a + "/step-00000020.safetensors"),
+              data_hash(b + "/step-00000020.safetensors"))
+        << "Adam's moments, the RNG or the data cursor differ at step 20";
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
 }
 
 void expect_time_to_train(const transformer::Recipe& r) {

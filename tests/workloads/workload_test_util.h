@@ -50,6 +50,11 @@ void expect_tiny_schedule_learns(const transformer::Recipe& r);
 // "aborted" at the step limit.
 void expect_time_to_train(const transformer::Recipe& r);
 
+// Checkpoints: in none, layer and full mode, with dropout and two micro-batches, 20 steps in one
+// run give the same losses, bf16 and fp32 weights and final checkpoint data as 10 steps, a save,
+// a load and 10 more; a checkpoint saved eagerly resumes bit-exactly in full mode too.
+void expect_resume_bit_exact(const transformer::Recipe& r);
+
 // With `args` (two micro-batches) none, full and layer give bit-identical results; `full` and
 // `layer` are left in the runs for the caller's graph-count checks.
 struct ModeRuns {

@@ -38,6 +38,35 @@ TransformerShape tiny() {
   return s;
 }
 
+// GPT-3 Small (Brown et al. 2020, table 2.1): 125M parameters, 12 layers of width 768, 12 heads of
+// 64, the GPT-3 vocabulary and a sequence of 1024 (GPT-3 used 2048; 1024 keeps a micro-batch of 8
+// on one GPU with room to spare). Dropout 0, as MLPerf.
+TransformerShape small() {
+  TransformerShape s;
+  s.layers = 12;
+  s.hidden = 768;
+  s.heads = 12;
+  s.head_dim = 64;
+  s.ffn = 4 * 768;
+  s.seq = 1024;
+  s.micro_batch = 8;
+  s.vocab = 50257;
+  s.dropout = 0.0f;
+  return s;
+}
+
+// The small preset's schedule: GPT-3 Small's peak 6e-4 after a short warm-up, cosine decay to a
+// tenth.
+train::LrSchedule small_schedule() {
+  train::LrSchedule s;
+  s.kind = train::LrKind::kWarmupCosine;
+  s.base_lr = 6e-4f;
+  s.min_lr = 6e-5f;
+  s.warmup_steps = 100;
+  s.total_steps = 4000;
+  return s;
+}
+
 }  // namespace
 
 train::TrainingConfig mlperf_training(int64_t global_batch) {
@@ -68,6 +97,13 @@ const transformer::Recipe& recipe() {
           {{"tiny", "2 layers of width 128: the test model, seconds on one GPU", 20},
            tiny(),
            transformer::tiny_schedule()},
+          {{"small",
+            "GPT-3 Small (125M, 12 layers of width 768, sequence 1024, micro-batch 8): time to "
+            "train on one GPU",
+            2000},
+           small(),
+           small_schedule(),
+           32768},
           {{"175b-tp4",
             "GPT-3 175B, one GPU of NVIDIA's H100 layout (TP4, micro-batch 1, sequence 2048)", 50},
            gpt3_175b(4),

@@ -15,8 +15,9 @@
 
 namespace replay::transformer {
 
-data::MarkovDatasetParams dataset_params(const TransformerShape& shape) {
+data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences) {
   data::MarkovDatasetParams p;
+  p.num_sequences = sequences;
   p.vocab_size = shape.vocab;
   p.seq_len = shape.seq;
   p.order = 1;
@@ -47,11 +48,12 @@ TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& s
       transformer_(ctx, shape, microbatches, caches_->gemms, caches_->attention) {}
 
 void TransformerModel::set_data(data::TokenFile file, uint64_t seed, double loss_floor,
-                                int64_t held_out) {
+                                int64_t held_out, bool shuffle) {
   const int64_t rows = file.info().num_sequences;
   if (held_out > 0)
     held_out_ = std::make_unique<data::HeldOutRows>(file, rows - held_out, held_out);
   data::StreamOptions options;
+  options.shuffle = shuffle;
   options.seed = seed;
   options.num_rows = rows - held_out;
   batches_.emplace(std::move(file), options);
@@ -180,6 +182,28 @@ int TransformerModel::load_batch(cudaStream_t stream) {
   return 0;
 }
 
+int64_t TransformerModel::data_position() const {
+  REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data before data_position");
+  return batches_->position();
+}
+
+void TransformerModel::seek_data(int64_t position) {
+  REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data before seek_data");
+  batches_->seek(position);
+}
+
+std::vector<train::Model::NamedTensor> TransformerModel::batch_tensors() const {
+  const TransformerShape& s = transformer_.shape();
+  std::vector<NamedTensor> out;
+  for (int mb = 0; mb < transformer_.microbatches(); ++mb) {
+    out.push_back({"tokens." + std::to_string(mb),
+                   TensorView(transformer_.tokens(mb), DType::kINT32, {s.micro_batch, s.seq})});
+    out.push_back({"targets." + std::to_string(mb),
+                   TensorView(transformer_.targets(mb), DType::kINT32, {s.micro_batch, s.seq})});
+  }
+  return out;
+}
+
 double TransformerModel::units_per_step() const {
   return static_cast<double>(transformer_.shape().tokens() * transformer_.microbatches());
 }
@@ -221,6 +245,11 @@ void TransformerWorkload::add_flags(CLI::App& app) {
   app.add_option("--dropout", dropout_flag_,
                  "hidden and attention dropout probability in [0, 1) (default: the preset's)")
       ->check(train::number_in(0.0, 1.0));
+  app.add_option(
+         "--data-order", data_order_,
+         "training batches: shuffled (a permutation per epoch, from the seed) or sequential "
+         "(the file's order, as the PyTorch baseline reads it)")
+      ->check(CLI::IsMember({"shuffled", "sequential"}));
 }
 
 void TransformerWorkload::resolve(const train::RunFlags& flags) {
@@ -259,7 +288,8 @@ nlohmann::ordered_json TransformerWorkload::config() const {
                                   {"vocab", s.padded_vocab()},
                                   {"vocab_shard", s.vocab_shard()},
                                   {"tp", s.tp},
-                                  {"dropout", dropout_}});
+                                  {"dropout", dropout_},
+                                  {"data_order", data_order_}});
   // The whole model, for tools that build the same shard (replay-ops, the PyTorch baselines).
   c["model"] = {{"layers", recipe_.model_layers},
                 {"heads", s.heads},
@@ -281,16 +311,18 @@ train::TrainingConfig TransformerWorkload::training() const {
   train::TrainingConfig t = recipe_.mlperf_training(shape_.micro_batch * microbatches_);
   if (preset_ != nullptr && preset_->schedule) {
     t.schedule = *preset_->schedule;
-    t.schedule_source = "the " + preset_->info.name +
-                        " preset's own, which learns within a few hundred steps (the rest of the "
-                        "optimizer is MLPerf's)";
+    t.schedule_source =
+        "the " + preset_->info.name +
+        " preset's own, made to learn on its Markov data (the rest of the optimizer "
+        "is MLPerf's)";
   }
   return t;
 }
 
 void TransformerWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
   std::string path = data_path_;
-  if (path.empty()) path = data::ensure_dataset(dataset_params(shape_));
+  if (path.empty())
+    path = data::ensure_dataset(dataset_params(shape_, preset_ ? preset_->data_sequences : 1024));
   file_.emplace(path, data::BatchShape{shape_.micro_batch, shape_.seq, shape_.padded_vocab()});
   const data::TokenFileInfo& info = file_->info();
   std::fprintf(out,
@@ -334,7 +366,7 @@ std::unique_ptr<TransformerModel> TransformerWorkload::build_model(
   caches->gemms.seal();  // every plan of the run exists: none may be made on the step path
   const double floor = file_->info().provenance.entropy_rate;
   const int64_t held_out = held_out_rows(file_->info().num_sequences, shape_.micro_batch);
-  model->set_data(std::move(*file_), seed, floor, held_out);
+  model->set_data(std::move(*file_), seed, floor, held_out, data_order_ == "shuffled");
   file_.reset();
   if (shape_.tp > 1)
     std::fprintf(

@@ -31,6 +31,8 @@ struct Preset {
   // The preset's own schedule (the tiny presets: one that learns within a few hundred steps);
   // without one, MLPerf's at the shard's global batch.
   std::optional<train::LrSchedule> schedule;
+  // Sequences of the synthetic data it generates without --data (dataset_params).
+  int64_t data_sequences = 1024;
 };
 
 // The tiny presets' schedule: warm-up over 20 steps to 3e-3, cosine decay to 3e-4 at step 400. On
@@ -62,7 +64,7 @@ struct Recipe {
 // The synthetic data a preset trains on without --data (generated once into the data folder): a
 // first-order Markov chain over the tokenizer's vocabulary with 4 successors per token, so the
 // loss falls visibly within a few steps and its floor (the entropy rate) is known exactly.
-data::MarkovDatasetParams dataset_params(const TransformerShape& shape);
+data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences = 1024);
 
 // The held-out split of a token file of `rows` sequences: its last min(64, rows / 16) sequences,
 // rounded down to whole micro-batches (0 when the rest would not hold a micro-batch). Training
@@ -94,7 +96,8 @@ class TransformerModel : public train::Model {
                    std::shared_ptr<PlanCaches> caches);
   // The batches it trains on (before the first load_batch), the file's last `held_out` rows kept
   // for evaluation; `loss_floor` is the data's (NaN: unknown).
-  void set_data(data::TokenFile file, uint64_t seed, double loss_floor, int64_t held_out);
+  void set_data(data::TokenFile file, uint64_t seed, double loss_floor, int64_t held_out,
+                bool shuffle = true);
 
   Transformer& transformer() { return transformer_; }
   const Transformer& transformer() const { return transformer_; }
@@ -108,6 +111,11 @@ class TransformerModel : public train::Model {
   void register_rng(graphs::RngTracker& rng) override { transformer_.register_rng(rng); }
   std::vector<graphs::Region> regions() override;
   int load_batch(cudaStream_t stream) override;
+  // The data position counts micro-batches in the stream's order (data::BatchOrder).
+  int64_t data_position() const override;
+  void seek_data(int64_t position) override;
+  // Micro-batch m's tokens and targets ("tokens.m", "targets.m", [micro_batch, seq] int32).
+  std::vector<NamedTensor> batch_tensors() const override;
   // The held-out loss (nats per token), over micro-batch 0's buffers.
   std::optional<train::EvalInfo> evaluation() const override;
   std::vector<graphs::Region> eval_regions() override;
@@ -179,6 +187,7 @@ class TransformerWorkload : public train::Workload {
   TransformerShape shape_;
   double dropout_ = 0;
   std::string data_path_;
+  std::string data_order_ = "shuffled";  // --data-order: shuffled | sequential
   std::optional<data::TokenFile> file_;
 };
 
