@@ -62,6 +62,10 @@ write_reports() {
       cat "$out/llama31_mb4/workloads_summary.md"
     } >>"$out/summary.md"
   fi
+  if ls "$out"/time_to_train/replay_*.json >/dev/null 2>&1; then
+    python3 scripts/report.py time-to-train --dir "$out/time_to_train" --out "$out/time_to_train" \
+      && { echo; cat "$out/time_to_train/time_to_train_summary.md"; } >>"$out/summary.md"
+  fi
   echo "bench.sh: wrote $out/summary.md"
 }
 
@@ -202,6 +206,18 @@ if [ -x "$bin/replay-gpt3" ]; then
       run "replay_gpt3_tiny_${mode}_delay${delay}us" "$bin/replay-gpt3" --preset tiny --graphs "$mode" \
         --steps 20 --seed 1234 --host-delay-us "$delay" --json "$out/replay_gpt3_tiny_${mode}_delay${delay}us.json"
     done
+  done
+fi
+
+# Time to train: GPT-3 Small (125M) from scratch to its data's floor + 0.05 nats (--quick: + 0.5),
+# evaluated every 250 steps, in each graph mode: where graphs show end to end, not per step.
+if [ -x "$bin/replay-gpt3" ]; then
+  mkdir -p "$out/time_to_train"
+  for mode in none layer full; do
+    run "time_to_train/replay_gpt3_small_$mode" "$bin/replay-gpt3" --preset small --graphs "$mode" \
+      --steps "$([ "$quick" = 1 ] && echo 1500 || echo 8000)" --seed 1234 --eval-interval 250 \
+      --target-above-floor "$([ "$quick" = 1 ] && echo 0.5 || echo 0.05)" --log-interval 250 \
+      --json "$out/time_to_train/replay_gpt3_small_$mode.json" --mllog "$out/time_to_train/replay_gpt3_small_$mode.mllog"
   done
 fi
 

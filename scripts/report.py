@@ -1186,6 +1186,56 @@ def report_workloads(directory, out_dir):
     return md, verdicts
 
 
+def _time_to_train_row(mode, doc):
+    """One mode's line of the time-to-train table."""
+    evals = (doc.get("evaluation") or {}).get("results") or []
+    eval_s = sum(e.get("seconds") or 0 for e in evals)
+    ttt = doc.get("time_to_train_s")
+    return [mode, fmt(doc.get("steps_to_target"), "d") if doc.get("steps_to_target") is not None else "not reached",
+            fmt(ttt, ".1f") if ttt is not None else "-", fmt(doc["step_ms"]["median"], ".3f"),
+            fmt((doc.get("host_enqueue_us") or {}).get("median"), ".0f"), str(len(evals)),
+            fmt(eval_s, ".2f"), f"{eval_s / ttt:.1%}" if ttt else "-"]
+
+
+def report_time_to_train(directory, out_dir):
+    """Writes out_dir/time_to_train_summary.md from the replay_<workload>_<preset>_<mode>.json runs of
+    `directory` that ran to a target quality (--target-quality or --target-above-floor): per mode the
+    steps and MLPerf's time to train, the median step, the evaluations' share of the time, and each
+    graph mode's time to train against eager's. Returns the path."""
+    groups = load_workload_runs(directory)
+    os.makedirs(out_dir, exist_ok=True)
+    lines = ["# Time to train", ""]
+    for (workload, preset), found in groups.items():
+        runs = {mode: doc for (tool, mode, delay), (_, doc) in found.items() if tool == "replay" and delay == 0}
+        for mode, doc in runs.items():
+            _require(doc.get("target_quality") is not None, f"{directory}/replay_{workload}_{preset}_{mode}.json",
+                     "not a time-to-train run (no target_quality)")
+        any_doc = next(iter(runs.values()))
+        floor = any_doc.get("loss_floor")
+        target = any_doc["target_quality"]
+        lines += [f"## {workload} {preset}", "",
+                  f"Target: held-out loss {target:.4f}" + (f" (the data's floor {floor:.4f} + {target - floor:.3f})"
+                                                             if floor is not None else "") +
+                  "; MLPerf's measure, run_start to run_stop, evaluations included.", "",
+                  *table(["mode", "steps to target", "time to train (s)", "median step (ms)",
+                          "host enqueue (µs)", "evaluations", "evaluation (s)", "evaluation share"],
+                         [_time_to_train_row(m, runs[m]) for m in MODES if m in runs]), ""]
+        base = runs.get("none")
+        hashes = {m: d.get("loss_hash") for m, d in runs.items()}
+        if base and base.get("time_to_train_s"):
+            for m in ("layer", "full"):
+                if m in runs and runs[m].get("time_to_train_s"):
+                    lines.append(f"- {m}: time to train {runs[m]['time_to_train_s'] / base['time_to_train_s']:.3f}x "
+                                 f"eager's")
+        lines.append("- loss hashes " + ("identical in every mode" if len(set(hashes.values())) == 1
+                                         else "DIFFER: " + ", ".join(f"{m} {h}" for m, h in hashes.items())))
+        lines.append("")
+    md = os.path.join(out_dir, "time_to_train_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines))
+    return md
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1206,6 +1256,11 @@ def build_parser():
     workloads.add_argument("--dir", required=True, help="directory holding the runs' JSON")
     workloads.add_argument("--out", default=None, help="output directory (default: --dir)")
     workloads.set_defaults(func=lambda a: report_workloads(a.dir, a.out or a.dir)[0])
+    ttt = sub.add_parser("time-to-train", help="time-to-train runs (--target-quality) per graph mode, from "
+                                               "every replay_<workload>_<preset>_<mode>.json in a directory")
+    ttt.add_argument("--dir", required=True, help="directory holding the runs' JSON")
+    ttt.add_argument("--out", default=None, help="output directory (default: --dir)")
+    ttt.set_defaults(func=lambda a: report_time_to_train(a.dir, a.out or a.dir))
     return parser
 
 

@@ -851,5 +851,53 @@ class MalformedWorkloads(TempDirCase):
         self.assertNotIn("Traceback", err.getvalue())
 
 
+class TimeToTrainReport(TempDirCase):
+    def ttt_doc(self, mode, median_ms, steps, seconds, evals=13, eval_s=0.09, loss_hash="00aa"):
+        doc = workload_doc("replay", mode, median_ms, loss_hash=loss_hash)
+        doc["preset"] = "small"
+        doc["loss_floor"] = 1.0837
+        doc["target_quality"] = 1.1337
+        doc["steps_to_target"] = steps
+        doc["time_to_train_s"] = seconds
+        doc["evaluation"] = {"metric": "loss", "results": [
+            {"step": 250 * (i + 1), "samples": 64, "value": 1.5 - 0.01 * i, "seconds": eval_s}
+            for i in range(evals)]}
+        return doc
+
+    def test_steps_time_and_evaluation_share_per_mode(self):
+        self.write("replay_gpt3_small_none.json", self.ttt_doc("none", 20.0, 3250, 66.0))
+        self.write("replay_gpt3_small_layer.json", self.ttt_doc("layer", 18.5, 3250, 61.0))
+        self.write("replay_gpt3_small_full.json", self.ttt_doc("full", 17.6, 3250, 58.5, eval_s=0.117))
+        md_path = report.report_time_to_train(self.dir, self.dir)
+        with open(md_path) as f:
+            md = f.read()
+        self.assertIn("floor 1.0837 + 0.050", md)
+        none = table_row(md, "none")
+        self.assertEqual(none[1], "3250")
+        self.assertEqual(none[2], "66.0")
+        self.assertEqual(none[5], "13")
+        self.assertEqual(none[6], "1.17")  # 13 x 0.09 s
+        self.assertEqual(none[7], "1.8%")
+        self.assertEqual(table_row(md, "full")[7], "2.6%")  # 13 x 0.117 / 58.5
+        self.assertIn("- full: time to train 0.886x eager's", md)
+        self.assertIn("loss hashes identical in every mode", md)
+
+    def test_unreached_targets_and_differing_hashes_are_said(self):
+        self.write("replay_gpt3_small_none.json", self.ttt_doc("none", 20.0, None, None))
+        self.write("replay_gpt3_small_full.json", self.ttt_doc("full", 17.6, 3250, 58.5, loss_hash="ffff"))
+        with open(report.report_time_to_train(self.dir, self.dir)) as f:
+            md = f.read()
+        self.assertEqual(table_row(md, "none")[1], "not reached")
+        self.assertEqual(table_row(md, "none")[7], "-")
+        self.assertIn("loss hashes DIFFER", md)
+
+    def test_a_run_without_a_target_is_refused(self):
+        doc = self.ttt_doc("none", 20.0, 3250, 66.0)
+        doc["target_quality"] = None
+        self.write("replay_gpt3_small_none.json", doc)
+        with self.assertRaises(report.ReportError):
+            report.report_time_to_train(self.dir, self.dir)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -40,7 +40,8 @@ TransformerShape tiny() {
 
 // GPT-3 Small (Brown et al. 2020, table 2.1): 125M parameters, 12 layers of width 768, 12 heads of
 // 64, the GPT-3 vocabulary and a sequence of 1024 (GPT-3 used 2048; 1024 keeps a micro-batch of 8
-// on one GPU with room to spare). Dropout 0, as MLPerf.
+// on one GPU with room to spare). Dropout 0, as MLPerf. Its generated data use the first 8192 tokens
+// of the vocabulary (Recipe: data_vocab), so that its floor is a few thousand steps away.
 TransformerShape small() {
   TransformerShape s;
   s.layers = 12;
@@ -103,7 +104,8 @@ const transformer::Recipe& recipe() {
             2000},
            small(),
            small_schedule(),
-           32768},
+           32768,
+           8192},
           {{"175b-tp4",
             "GPT-3 175B, one GPU of NVIDIA's H100 layout (TP4, micro-batch 1, sequence 2048)", 50},
            gpt3_175b(4),

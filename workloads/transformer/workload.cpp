@@ -15,10 +15,11 @@
 
 namespace replay::transformer {
 
-data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences) {
+data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences,
+                                         int64_t vocab) {
   data::MarkovDatasetParams p;
   p.num_sequences = sequences;
-  p.vocab_size = shape.vocab;
+  p.vocab_size = vocab > 0 ? vocab : shape.vocab;
   p.seq_len = shape.seq;
   p.order = 1;
   p.branching = 4;
@@ -322,7 +323,9 @@ train::TrainingConfig TransformerWorkload::training() const {
 void TransformerWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
   std::string path = data_path_;
   if (path.empty())
-    path = data::ensure_dataset(dataset_params(shape_, preset_ ? preset_->data_sequences : 1024));
+    path = data::ensure_dataset(preset_ ? dataset_params(shape_, preset_->data_sequences,
+                                                         preset_->data_vocab)
+                                        : dataset_params(shape_));
   file_.emplace(path, data::BatchShape{shape_.micro_batch, shape_.seq, shape_.padded_vocab()});
   const data::TokenFileInfo& info = file_->info();
   std::fprintf(out,

@@ -31,8 +31,11 @@ struct Preset {
   // The preset's own schedule (the tiny presets: one that learns within a few hundred steps);
   // without one, MLPerf's at the shard's global batch.
   std::optional<train::LrSchedule> schedule;
-  // Sequences of the synthetic data it generates without --data (dataset_params).
+  // The synthetic data it generates without --data (dataset_params): sequences, and the tokens the
+  // Markov chain uses (0: the model's whole vocabulary). Fewer tokens put the data's floor within a
+  // few thousand steps of a larger model, which is what a time-to-train benchmark needs.
   int64_t data_sequences = 1024;
+  int64_t data_vocab = 0;
 };
 
 // The tiny presets' schedule: warm-up over 20 steps to 3e-3, cosine decay to 3e-4 at step 400. On
@@ -64,7 +67,8 @@ struct Recipe {
 // The synthetic data a preset trains on without --data (generated once into the data folder): a
 // first-order Markov chain over the tokenizer's vocabulary with 4 successors per token, so the
 // loss falls visibly within a few steps and its floor (the entropy rate) is known exactly.
-data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences = 1024);
+data::MarkovDatasetParams dataset_params(const TransformerShape& shape, int64_t sequences = 1024,
+                                         int64_t vocab = 0);
 
 // The held-out split of a token file of `rows` sequences: its last min(64, rows / 16) sequences,
 // rounded down to whole micro-batches (0 when the rest would not hold a micro-batch). Training
