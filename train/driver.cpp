@@ -158,19 +158,51 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // Data first: a missing or malformed file is an error before any GPU work. So are a checkpoint
   // to resume from that is not this run's, and a save directory that cannot be written.
+  // The ranks: one process per GPU, every one of them data-parallel for now.
+  const comm::World& world = comm::world();
+  const int dp = f.dp > 0 ? f.dp : world.size;
+  if (dp != world.size)
+    throw bench::UsageError("--dp " + std::to_string(dp) + ": the launch has " +
+                            std::to_string(world.size) +
+                            " processes, and data parallelism is the only layout across processes "
+                            "so far (--dp must equal the process count)");
+  if (dp > 1 && !f.dump_step.empty())
+    throw bench::UsageError(
+        "--dump-step: a data-parallel step keeps only a share of each "
+        "gradient; dump a one-process run");
+  const bool leader = world.rank == 0;  // writes the JSON, the mllog and the checkpoints
+
   w.open_data(f, out);
   const CheckpointIdentity identity{info.tool, info.name, f.preset, w.precision(), f.seed};
   std::unique_ptr<safetensors::Reader> resume;
   if (!f.load.empty()) resume = open_checkpoint(find_checkpoint(f.load), identity);
-  if (!f.save.empty()) prepare_save_directory(f.save);
+  if (!f.save.empty() && leader) prepare_save_directory(f.save);
   if (!f.dump_step.empty()) check_output_file("--dump-step", f.dump_step);
 
-  Context ctx(f.device);
+  // The local rank picks the GPU.
+  Context ctx(world.size > 1 ? world.local_rank : f.device);
   const EnvironmentReport env = ctx.environment();
   std::fputs(env.to_text().c_str(), out);
+  if (world.size > 1)
+    std::fprintf(out, "# world: %d ranks (data parallel %d), rank %d on %s, GPU %d\n", world.size,
+                 dp, world.rank, world.host.c_str(), world.local_rank);
+
+  // Communicators before any capture; declared before the trainer, so destroyed after its graphs.
+  comm::CollectiveLog collectives;
+  std::unique_ptr<comm::Communicator> dp_comm;
+  std::unique_ptr<comm::Watchdog> watchdog;
+  if (dp > 1) {
+    dp_comm = std::make_unique<comm::Communicator>(world, "data-parallel", 0, &collectives);
+    watchdog = std::make_unique<comm::Watchdog>(
+        world, std::vector<comm::Communicator*>{dp_comm.get()}, &collectives, f.comm_timeout_s);
+    if (f.warmup < 1 && f.graphs != "none")
+      throw bench::UsageError(
+          "--warmup: a data-parallel run captures NCCL collectives, whose first call must be "
+          "eager; give --warmup 1 or more");
+  }
 
   bench::MlLogOptions log_options;
-  log_options.path = f.mllog;
+  log_options.path = leader ? f.mllog : "";
   bench::MlLogger mllog(std::move(log_options));
   namespace k = bench::mlkey;
   mllog.event(k::kCacheClear, false);
@@ -178,6 +210,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // The model and the arena.
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
+  if (dp > 1 && !model->shard_data(dp_comm->rank(), dp))
+    throw bench::UsageError("--dp: " + info.tool + "'s model cannot split its batches over ranks");
   double target_quality = f.target_quality;
   if (!std::isnan(f.target_above_floor)) {
     if (std::isnan(model->loss_floor()))
@@ -195,6 +229,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.measure_peak = options.measure_peak;
   topt.fault = graphs::parse_fault(f.inject);
   topt.evaluate = f.eval_interval > 0;
+  topt.data_parallel = dp_comm.get();
+  topt.watchdog = watchdog.get();
   Trainer trainer(ctx, *model, training, topt);
   std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", model->describe().c_str(),
                model->params().total_numel());
@@ -230,12 +266,13 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
                             std::to_string(eval_samples) + " asked");
   mllog.event(k::kSubmissionBenchmark, info.mllog_benchmark);
   mllog.event(k::kSubmissionOrg, "replay");
-  mllog.event(k::kSubmissionPlatform, "1x" + std::string(ctx.props().name));
+  mllog.event(k::kSubmissionPlatform,
+              std::to_string(world.size) + "x" + std::string(ctx.props().name));
   mllog.event(k::kSubmissionStatus, "research");
   mllog.event(k::kConfigFilename, f.preset);
   mllog.event(k::kSeed, f.seed);
   mllog.event(k::kReplayGraphMode, f.graphs);
-  mllog.event(k::kReplayWorldSize, 1);
+  mllog.event(k::kReplayWorldSize, world.size);
   w.log_config(mllog, *model, training);
   mllog.event(k::kEvalSamples, eval_samples);
 
@@ -250,6 +287,12 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   if (graphed) {
     std::fputs(trainer.step_plan().describe().c_str(), out);
     if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
+  }
+  // What each rank captured must match before the first replay, or the replay would hang.
+  if (graphed && dp_comm) {
+    comm::check_same_collectives(world, collectives);
+    std::fprintf(out, "# capture check: %zu collectives captured, the same on all %d ranks\n",
+                 collectives.captured().size(), world.size);
   }
   mllog.end(k::kInitStop);
   mllog.start(k::kRunStart);
@@ -287,14 +330,18 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     mllog.tracked_stats(step + 1, {{"throughput", units_per_s}, {"loss", s.loss}});
   };
   std::optional<int64_t> last_saved;
-  auto save = [&] {
+  auto save = [&](int64_t iteration) {
     const auto t_save = std::chrono::steady_clock::now();
-    const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f));
-    const double seconds = ms_since(t_save) * 1e-3;
-    std::fprintf(out, "# saved %s (%.1f MB, %.2f s)\n", c.path.c_str(),
-                 static_cast<double>(c.bytes) / 1e6, seconds);
-    rep.checkpoints.push_back({c.iteration, c.path, c.bytes, seconds});
-    last_saved = c.iteration;
+    // Data parallel: every rank's share of the optimizer state to every rank, then one file.
+    if (dp_comm) trainer.gather_optimizer_state();
+    if (leader) {
+      const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f));
+      const double seconds = ms_since(t_save) * 1e-3;
+      std::fprintf(out, "# saved %s (%.1f MB, %.2f s)\n", c.path.c_str(),
+                   static_cast<double>(c.bytes) / 1e6, seconds);
+      rep.checkpoints.push_back({c.iteration, c.path, c.bytes, seconds});
+    }
+    last_saved = iteration;
   };
   callbacks.after_step = [&](int64_t step) {
     const int64_t done = first + step + 1;  // steps taken, those before a resume included
@@ -330,7 +377,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
         after = bench::LoopCallbacks::After::kWorked;
     }
     if (f.save_interval > 0 && done % f.save_interval == 0) {
-      save();
+      save(done);
       if (after == bench::LoopCallbacks::After::kNothing)
         after = bench::LoopCallbacks::After::kWorked;
     }
@@ -356,7 +403,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     }
   }
 
-  if (!f.save.empty() && last_saved != first + result.steps_run) save();
+  if (!f.save.empty() && last_saved != first + result.steps_run) save(first + result.steps_run);
 
   // The summary.
   rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -
@@ -395,8 +442,12 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     rep.first_step = first;
   }
 
+  rep.world_size = world.size;
+  rep.data_parallel = dp;
+  rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
+
   std::fputs(bench::summary(rep).c_str(), out);
-  if (!f.json.empty()) {
+  if (!f.json.empty() && leader) {
     bench::write_json(f.json, bench::to_json(rep));
     std::fprintf(out, "# wrote %s\n", f.json.c_str());
   }
@@ -405,18 +456,31 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 }
 
 int main(Workload& w, int argc, char** argv) {
-  return bench::run_main(w.info().tool.c_str(), [&] {
+  const comm::World& world = comm::init_world(&argc, &argv);
+  const int status = bench::run_main(w.info().tool.c_str(), [&] {
     const std::vector<std::string> args(argv + 1, argv + argc);
-    const std::optional<RunFlags> parsed = parse(w, args);
+    const std::optional<RunFlags> parsed = parse(w, args, world.rank == 0 ? stdout : nullptr);
     if (!parsed) return 0;  // --help
-    const RunFlags flags = resolve(w, *parsed);
+    RunFlags flags = resolve(w, *parsed);
+    flags.seed = comm::broadcast(world, flags.seed);  // a seed from the clock: rank 0's
     if (flags.print_config) {
-      std::printf("%s\n", resolved_config(w, flags).dump(2).c_str());
+      if (world.rank == 0) std::printf("%s\n", resolved_config(w, flags).dump(2).c_str());
       return 0;
     }
-    run(w, flags);
+    // One rank prints the run; the others only their errors.
+    std::FILE* out = stdout;
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> quiet(nullptr, std::fclose);
+    if (world.rank != 0) {
+      quiet.reset(std::fopen("/dev/null", "w"));
+      out = quiet ? quiet.get() : stdout;
+    }
+    run(w, flags, out);
     return 0;
   });
+  // A failed rank ends the job: the others may be waiting for it in a collective.
+  if (status != 0 && world.size > 1) comm::abort_world(status);
+  comm::finalize_world();
+  return status;
 }
 
 }  // namespace replay::train

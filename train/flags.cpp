@@ -137,13 +137,20 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
   app.add_option("--dump-step", f.dump_step,
                  "write the first step's loss, gradients and batch to this safetensors file (a "
                  "cross-check with another tool)");
+  app.add_option("--dp", f.dp,
+                 "data-parallel ranks (launch one process per GPU with mpiexec or srun; 0: all of "
+                 "them)")
+      ->check(integer_in(0, 1 << 20));
+  app.add_option("--comm-timeout-s", f.comm_timeout_s,
+                 "give up a wait for the other ranks after this many seconds (NCCL abort)")
+      ->check(number_in(1.0, 1e6));
   app.add_flag("--print-config", f.print_config,
                "print the resolved configuration as JSON and exit (no GPU needed)");
   if (add_own) add_own(app);
   try {
     app.parse(argc, const_cast<char**>(argv));
   } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), out);
+    if (out != nullptr) std::fputs(app.help().c_str(), out);
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
     throw bench::UsageError(std::string(e.what()) + " (run with --help for the flags)");

@@ -74,6 +74,13 @@ class Model {
   virtual int64_t data_position() const = 0;
   // Makes the next load_batch() read batch `position` (set-up, before the first load_batch()).
   virtual void seek_data(int64_t position) = 0;
+  // Data parallelism: this rank reads its share of every global batch, batch position * count +
+  // rank of the order (set-up, before the first load_batch()). False when the model cannot.
+  virtual bool shard_data(int rank, int count) {
+    (void)rank;
+    (void)count;
+    return false;
+  }
   // Device state a step carries besides the parameters, the optimizer's moments, the step scalars
   // and the RNG (a router's biases, EMA weights), saved and loaded as "state.<name>". None by
   // default.

@@ -1,6 +1,8 @@
 // params.cpp: parameter layout, initialization and optimizer tables.
 #include "train/params.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "common/kernels/init.h"
 
@@ -30,21 +32,43 @@ int64_t ParamStore::total_numel() const {
   return n;
 }
 
+void ParamStore::set_shard(int rank, int count) {
+  REPLAY_REQUIRE(!planned_, "ParamStore::set_shard after plan");
+  REPLAY_REQUIRE(count >= 1 && rank >= 0 && rank < count, "ParamStore::set_shard: bad rank");
+  shard_rank_ = rank;
+  shard_count_ = count;
+}
+
+std::vector<ParamStore::Piece> ParamStore::pieces() const {
+  const int64_t lo = shard_begin(), hi = lo + shard_numel();
+  std::vector<Piece> out;
+  for (ParamId id = 0; id < count(); ++id) {
+    const int64_t a = std::max(lo, offset(id)), b = std::min(hi, offset(id) + numel(id));
+    if (a < b) out.push_back({id, a - offset(id), b - a});
+  }
+  return out;
+}
+
 void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
   REPLAY_REQUIRE(!specs_.empty(), "a model without parameters");
   planned_ = true;
+  const int64_t quantum = kAlignElements * shard_count_;
+  end_ = (end_ + quantum - 1) / quantum * quantum;
   weights_id_ =
       plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_, "params");
   masters_id_ = plan.add("params.master", DType::kFP32, end_, "optimizer");
   m_id_ = plan.add("adam.exp_avg", DType::kFP32, end_, "optimizer");
   v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, end_, "optimizer");
   grads_id_ = plan.add("grads", DType::kFP32, end_, "grads");
-  adamw_table_bytes_ = MultiTensorBuilder<AdamWTensor>::device_bytes_for(numel_);
-  norm_table_bytes_ = MultiTensorBuilder<GradNormTensor>::device_bytes_for(numel_);
+  std::vector<int64_t> lengths;
+  for (const Piece& p : pieces()) lengths.push_back(p.length);
+  if (lengths.empty()) lengths.push_back(kAlignElements);  // a share of padding only
+  adamw_table_bytes_ = MultiTensorBuilder<AdamWTensor>::device_bytes_for(lengths);
+  norm_table_bytes_ = MultiTensorBuilder<GradNormTensor>::device_bytes_for(lengths);
   adamw_table_id_ = plan.add("adamw.table", adamw_table_bytes_, "optimizer");
   norm_table_id_ = plan.add("grad_norm.table", norm_table_bytes_, "optimizer");
   GradNormTable shape;  // the workspace depends on the chunk count only
-  shape.num_chunks = static_cast<int>(MultiTensorBuilder<GradNormTensor>::chunk_count(numel_));
+  shape.num_chunks = static_cast<int>(MultiTensorBuilder<GradNormTensor>::chunk_count(lengths));
   grad_norm_ws_bytes_ = replay::grad_norm_workspace_bytes(shape);
   norm_ws_id_ = plan.add("grad_norm.workspace", grad_norm_ws_bytes_, "workspace", optimizer);
 }
@@ -116,9 +140,15 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
           break;
       }
     }
-    adamw.add(master(id), model, grad(id), m_ + offset(id), v_ + offset(id), numel(id),
-              s.weight_decay);
-    norms.add(grad(id), numel(id));
+  }
+  for (const Piece& p : pieces()) {
+    const int64_t at = offset(p.id) + p.first;
+    const TensorView model(
+        static_cast<char*>(weights_) + at * static_cast<int64_t>(dtype_size(weight_dtype_)),
+        weight_dtype_, {p.length});
+    adamw.add(masters_ + at, model, grads_ + at, m_ + at, v_ + at, p.length,
+              spec(p.id).weight_decay);
+    norms.add(grads_ + at, p.length);
   }
   adamw_table_ = adamw.build(adamw_table_memory_, adamw_table_bytes_, stream);  // synchronizes
   grad_norm_table_ = norms.build(norm_table_memory_, norm_table_bytes_, stream);

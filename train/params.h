@@ -52,6 +52,18 @@ class ParamStore {
   int64_t total_numel() const;                   // the parameter count N (gaps excluded)
   int64_t buffer_numel() const { return end_; }  // length of each buffer, alignment gaps included
 
+  // Data parallelism with a distributed optimizer (ZeRO-1), before plan(): `count` ranks each own
+  // 1/count of the flat buffers, this one share `rank`. The buffers grow to a multiple of count x
+  // kAlignElements so the shares are equal and aligned; the AdamW and grad-norm tables cover this
+  // rank's share only (the pieces of the tensors that fall in it). The gradients are
+  // reduce-scattered into the share and the weights all-gathered from the shares
+  // (train/trainer.cpp).
+  void set_shard(int rank, int count);
+  int shard_rank() const { return shard_rank_; }
+  int shard_count() const { return shard_count_; }
+  int64_t shard_begin() const { return end_ / shard_count_ * shard_rank_; }
+  int64_t shard_numel() const { return end_ / shard_count_; }
+
   // Adds the five buffers, the AdamW and grad-norm tables and the grad-norm workspace (lifetime
   // `optimizer`, the phase the optimizer runs in) to the plan.
   void plan(ArenaPlan& plan, Lifetime optimizer);
@@ -98,6 +110,13 @@ class ParamStore {
   std::vector<int64_t> numel_, offset_;
   int64_t end_ = 0;
   bool planned_ = false;
+  int shard_rank_ = 0, shard_count_ = 1;
+  // The pieces of the tensors in this rank's share: (tensor, first element, length).
+  struct Piece {
+    ParamId id;
+    int64_t first, length;
+  };
+  std::vector<Piece> pieces() const;
   BufferId weights_id_ = -1, masters_id_ = -1, grads_id_ = -1, m_id_ = -1, v_id_ = -1;
   BufferId adamw_table_id_ = -1, norm_table_id_ = -1, norm_ws_id_ = -1;
   void* weights_ = nullptr;

@@ -17,6 +17,12 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
   REPLAY_REQUIRE(options_.warmup >= 0, "warm-up steps must be non-negative");
   // The peak measurement runs once at set-up (phase 0), in memory the step's activations reuse.
   if (options_.measure_peak) peak_buffers_ = bench::plan_peak_buffers(plan_, false, {0, 0});
+  comm::Communicator* dp = options_.data_parallel;
+  if (dp != nullptr) {
+    REPLAY_REQUIRE(dp->size() > 1, "Trainer: a data-parallel group of one rank");
+    model_.params().set_shard(dp->rank(), dp->size());
+    sumsq_id_ = plan_.add("dp.grad_sumsq", DType::kFP32, 2, "optimizer");
+  }
   model_.plan(plan_);
   scalars_id_ = plan_step_scalars(plan_);
   rng_id_ = graphs::RngTracker::plan(plan_, kRngStreams);
@@ -39,6 +45,7 @@ void Trainer::allocate() {
   if (options_.measure_peak) peaks_ = bench::measure_peaks(ctx_, *arena_, peak_buffers_);
 
   scalars_ = arena_->as<StepScalars>(scalars_id_);
+  if (sumsq_id_ >= 0) sumsq_ = static_cast<double*>(arena_->data(sumsq_id_));
   const LossScalerConfig* scaler = training_.loss_scaling ? &*training_.loss_scaling : nullptr;
   init_step_scalars(scalars_, scaler ? scaler->init_scale : 1.0f, scaler ? scaler->hysteresis : 1,
                     s);
@@ -142,12 +149,35 @@ void Trainer::build_eval_plan() {
 void Trainer::optimizer_step(cudaStream_t s) const {
   const ParamStore& params = model_.params();
   const TrainingConfig& t = training_;
+  comm::Communicator* dp = options_.data_parallel;
   begin_step(scalars_, s);
-  clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
-                 params.grad_norm_workspace_bytes(), s);
+  if (dp == nullptr) {
+    clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
+                   params.grad_norm_workspace_bytes(), s);
+  } else {
+    // The ranks' mean gradient, this rank's share of it in place; the norm over every share.
+    float* g = params.grads().as<float>(DType::kFP32);
+    const auto share = static_cast<size_t>(params.shard_numel());
+    dp->reduce_scatter(g, g + params.shard_begin(), share, ncclFloat32, ncclAvg, s);
+    grad_norm_sumsq(params.grad_norm_table(), sumsq_, params.grad_norm_workspace(),
+                    params.grad_norm_workspace_bytes(), s);
+    dp->all_reduce(sumsq_, sumsq_, 1, ncclFloat64, ncclSum, s);
+    grad_norm_from_sumsq(sumsq_, t.clip_norm, &scalars_->loss_scale, &scalars_->grad_norm,
+                         &scalars_->grad_scale, &scalars_->found_inf, s);
+    dp->all_reduce(&scalars_->loss, &scalars_->loss, 1, ncclFloat32, ncclAvg, s);
+  }
   prepare_optimizer(t.schedule, scalars_, s);
   adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
              &scalars_->noop, s);
+  if (dp != nullptr) {  // every rank's updated share, to every rank
+    const TensorView w = params.weights();
+    const size_t esize = dtype_size(w.dtype);
+    const ncclDataType_t type = w.dtype == DType::kBF16   ? ncclBfloat16
+                                : w.dtype == DType::kFP16 ? ncclFloat16
+                                                          : ncclFloat32;
+    dp->all_gather(static_cast<char*>(w.data) + params.shard_begin() * esize, w.data,
+                   static_cast<size_t>(params.shard_numel()), type, s);
+  }
   readback_->copy(s);
   end_step(scalars_, t.loss_scaling ? &*t.loss_scaling : nullptr, s);
 }
@@ -161,6 +191,26 @@ graphs::RegionArgs Trainer::optimizer_args() const {
       .read_write("adam.exp_avg", params.exp_avg())
       .read_write("adam.exp_avg_sq", params.exp_avg_sq())
       .read_write("step_scalars", step_scalars_view(scalars_));
+}
+
+void Trainer::gather_optimizer_state() {
+  comm::Communicator* dp = options_.data_parallel;
+  if (dp == nullptr) return;
+  const ParamStore& p = model_.params();
+  const auto share = static_cast<size_t>(p.shard_numel());
+  for (const TensorView& t : {p.masters(), p.exp_avg(), p.exp_avg_sq()}) {
+    float* base = t.as<float>(DType::kFP32);
+    dp->all_gather(base + p.shard_begin(), base, share, ncclFloat32, ctx_.stream());
+  }
+  if (options_.watchdog != nullptr) {
+    cudaEvent_t done = nullptr;
+    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    REPLAY_CUDA_CHECK(cudaEventRecord(done, ctx_.stream()));
+    options_.watchdog->wait("the optimizer state's all-gather",
+                            [&] { return cudaEventQuery(done) == cudaSuccess; });
+    cudaEventDestroy(done);
+  }
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
 }
 
 void Trainer::resume_at(int64_t iteration) {
@@ -198,7 +248,16 @@ graphs::VerifyReport Trainer::verify_step() {
 }
 
 bench::StepSample Trainer::read(int64_t s) const {
-  const graphs::ReadbackSample r = readback_->read(s);
+  graphs::ReadbackSample r;
+  if (options_.watchdog != nullptr) {
+    options_.watchdog->wait("the step's readback", [&] {
+      std::optional<graphs::ReadbackSample> got = readback_->try_read(s);
+      if (got) r = std::move(*got);
+      return got.has_value();
+    });
+  } else {
+    r = readback_->read(s);
+  }
   bench::StepSample out;
   out.loss = r.get("loss");
   out.lr = r.get("lr");

@@ -26,6 +26,7 @@
 #include "common/arena.h"
 #include "common/bench/harness.h"
 #include "common/bench/peaks.h"
+#include "common/comm.h"
 #include "common/context.h"
 #include "graphs/faults.h"
 #include "graphs/readback.h"
@@ -44,6 +45,14 @@ struct TrainerOptions {
   bool measure_peak = true;  // measure the bf16 GEMM peak at allocate() (its buffers share memory)
   graphs::Fault fault = graphs::Fault::kNone;  // --inject
   bool evaluate = false;  // build the model's evaluation plan (a run with --eval-interval)
+  // Data parallelism (a group of more than one rank): the gradients are averaged by a
+  // reduce-scatter into this rank's share of the buffers, the grad norm's sum of squares
+  // all-reduced, the optimizer updates the share (ParamStore::set_shard) and the weights are
+  // all-gathered, all inside the step (and its graphs); the loss is averaged over the ranks. Null:
+  // one process.
+  comm::Communicator* data_parallel = nullptr;
+  // Waits on the step path poll the communicators and give up after its timeout (multi-GPU runs).
+  comm::Watchdog* watchdog = nullptr;
 };
 
 class Trainer {
@@ -83,6 +92,9 @@ class Trainer {
   // Step `s`'s loss, learning rate, grad norm and loss scale from the readback ring: waits for step
   // s only.
   bench::StepSample read(int64_t s) const;
+  // Data parallel: every rank's share of the fp32 master weights and Adam's moments to every rank
+  // (in place, eager, synchronizes), so that the whole optimizer state can be saved.
+  void gather_optimizer_state();
   // One evaluation over `samples` held-out samples (rounded up to whole batches): the model's
   // metric. Synchronizes: an evaluation is its own phase, never inside a timed step.
   double evaluate(int64_t samples);
@@ -113,7 +125,8 @@ class Trainer {
   TrainerOptions options_;
   ArenaPlan plan_;
   bench::PeakBuffers peak_buffers_;
-  BufferId scalars_id_ = -1, rng_id_ = -1;
+  BufferId scalars_id_ = -1, rng_id_ = -1, sumsq_id_ = -1;
+  double* sumsq_ = nullptr;  // data parallel: the grad norm's sum of squares, all-reduced
   const Arena* arena_ = nullptr;
   size_t used_before_arena_ = 0;
   bench::Peaks peaks_;

@@ -284,6 +284,14 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
     saved.push_back(
         {{"step", c.step}, {"path", c.path}, {"bytes", c.bytes}, {"seconds", c.seconds}});
   j["checkpoints"] = saved;
+  size_t slowest = 0;
+  for (size_t i = 1; i < r.rank_step_ms.size(); ++i)
+    if (r.rank_step_ms[i] > r.rank_step_ms[slowest]) slowest = i;
+  j["parallel"] = {
+      {"world_size", r.world_size},
+      {"data_parallel", r.data_parallel},
+      {"rank_step_ms", r.rank_step_ms},
+      {"slowest_rank", r.rank_step_ms.empty() ? ordered_json(nullptr) : ordered_json(slowest)}};
   return j;
 }
 

@@ -154,6 +154,10 @@ struct WorkloadReport {
   std::string resumed_from;
   int64_t first_step = 0;
   std::vector<CheckpointRecord> checkpoints;
+  // The layout: processes, data-parallel ranks, and each rank's median step time (rank order).
+  int world_size = 1;
+  int data_parallel = 1;
+  std::vector<double> rank_step_ms;
 
   double units_per_s() const;
   double model_tflops() const;

@@ -105,6 +105,28 @@ void BatchStream::seek(int64_t index) {
   thread_ = std::thread(&BatchStream::prefetch_loop, this);
 }
 
+void BatchStream::shard(int64_t stride, int64_t offset) {
+  REPLAY_REQUIRE(stride >= 1 && offset >= 0 && offset < stride, "BatchStream::shard: bad share");
+  const int64_t at = position();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    REPLAY_REQUIRE(consumed_ == 0, "BatchStream::shard after the first batch was handed out");
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = false;
+    produced_ = 0;
+    error_ = nullptr;
+    first_ = at;
+    options_.stride = stride;
+    options_.offset = offset;
+  }
+  thread_ = std::thread(&BatchStream::prefetch_loop, this);
+}
+
 int64_t BatchStream::position() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return first_ + consumed_;
@@ -133,7 +155,7 @@ void BatchStream::prefetch_loop() {
       }
       // ... and until the device has finished reading it (the training thread never waits here).
       if (slot.copied) REPLAY_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
-      order.rows(first_ + b, rows.data());
+      order.rows((first_ + b) * options_.stride + options_.offset, rows.data());
       for (int64_t r = 0; r < micro_batch_;) {  // one read per run of consecutive rows
         int64_t n = 1;
         while (r + n < micro_batch_ && rows[r + n] == rows[r] + n) ++n;

@@ -47,6 +47,9 @@ struct StreamOptions {
   // The training stream of a run with a held-out split stops short of it.
   int64_t first_row = 0;
   int64_t num_rows = 0;
+  // Data parallelism: this stream's batch b is batch b * stride + offset of the order (rank r of n
+  // ranks: stride n, offset r), so the ranks read disjoint batches of one global order.
+  int64_t stride = 1, offset = 0;
   int ring_slots = 4;  // batches read ahead
   // Plain host buffers and a synchronous memcpy into host destinations in next(), with no CUDA call
   // at all: the ring's logic, testable without a GPU. Workloads leave it false.
@@ -73,6 +76,8 @@ class BatchStream {
   // Makes batch `index` of the order (BatchOrder) the next one next() hands out: a run resumed from
   // a checkpoint continues the order where the saved run stopped. Only before the first next().
   void seek(int64_t index);
+  // Data parallelism (StreamOptions::stride and offset), only before the first next().
+  void shard(int64_t stride, int64_t offset);
   // The order's index of the batch the next next() hands out (batches since index 0, not since
   // the seek).
   int64_t position() const;

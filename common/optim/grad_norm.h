@@ -45,4 +45,12 @@ void grad_norm(const GradNormTable& table, float max_norm, const float* loss_sca
                float* grad_scale, int32_t* found_inf, void* workspace, size_t workspace_bytes,
                cudaStream_t stream);
 
+// The same in two halves, for a norm over gradients split across data-parallel ranks: each rank
+// writes the sum of squares of its share (fp64), the caller sums it over the ranks (an all-reduce,
+// fixed order), and grad_norm_from_sumsq finishes as grad_norm does.
+void grad_norm_sumsq(const GradNormTable& table, double* sumsq, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
+void grad_norm_from_sumsq(const double* sumsq, float max_norm, const float* loss_scale, float* norm,
+                          float* grad_scale, int32_t* found_inf, cudaStream_t stream);
+
 }  // namespace replay

@@ -95,7 +95,8 @@ TEST(HarnessJson, KeysAndOrderFollowTheSchema) {
                                              "steps_to_target",
                                              "time_to_train_s",
                                              "resumed_from",
-                                             "checkpoints"};
+                                             "checkpoints",
+                                             "parallel"};
   EXPECT_EQ(keys_of(j), expected);
   EXPECT_EQ(keys_of(j["step_ms"]),
             (std::vector<std::string>{"median", "p10", "p90", "mean", "count"}));

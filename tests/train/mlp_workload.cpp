@@ -295,9 +295,15 @@ void MlpModel::copy_rows(int64_t first_row, cudaStream_t s) {
 }
 
 int MlpModel::load_batch(cudaStream_t stream) {
-  copy_rows(next_train_ % shape_.train_batches * shape_.batch, stream);
+  copy_rows((next_train_ * stride_ + offset_) % shape_.train_batches * shape_.batch, stream);
   next_train_ += 1;
   return 0;
+}
+
+bool MlpModel::shard_data(int rank, int count) {
+  stride_ = count;
+  offset_ = rank;
+  return true;
 }
 
 void MlpModel::seek_data(int64_t position) {

@@ -52,6 +52,7 @@ class MlpModel : public train::Model {
   // The training batches cycle through the split: position p is batch p mod train_batches.
   int64_t data_position() const override { return next_train_; }
   void seek_data(int64_t position) override;
+  bool shard_data(int rank, int count) override;
 
   std::optional<train::EvalInfo> evaluation() const override;
   std::vector<graphs::Region> eval_regions() override;
@@ -97,7 +98,8 @@ class MlpModel : public train::Model {
   // first, then the held-out one.
   void* host_x_ = nullptr;
   int32_t* host_y_ = nullptr;
-  int64_t next_train_ = 0;  // training batches loaded (the data position)
+  int64_t next_train_ = 0;           // training batches loaded (the data position)
+  int64_t stride_ = 1, offset_ = 0;  // data parallelism: batch b is b * stride + offset
   int64_t next_eval_ = 0, evaluated_ = 0;
   std::vector<Buffer> buffers_;
   TensorView x_, y_, logits_, dlogits_, stats_, row_loss_, count_, gemm_ws_;

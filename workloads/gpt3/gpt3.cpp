@@ -40,8 +40,8 @@ TransformerShape tiny() {
 
 // GPT-3 Small (Brown et al. 2020, table 2.1): 125M parameters, 12 layers of width 768, 12 heads of
 // 64, the GPT-3 vocabulary and a sequence of 1024 (GPT-3 used 2048; 1024 keeps a micro-batch of 8
-// on one GPU with room to spare). Dropout 0, as MLPerf. Its generated data use the first 8192 tokens
-// of the vocabulary (Recipe: data_vocab), so that its floor is a few thousand steps away.
+// on one GPU with room to spare). Dropout 0, as MLPerf. Its generated data use the first 8192
+// tokens of the vocabulary (Recipe: data_vocab), so that its floor is a few thousand steps away.
 TransformerShape small() {
   TransformerShape s;
   s.layers = 12;

@@ -193,6 +193,12 @@ void TransformerModel::seek_data(int64_t position) {
   batches_->seek(position);
 }
 
+bool TransformerModel::shard_data(int rank, int count) {
+  REPLAY_REQUIRE(batches_.has_value(), "TransformerModel: set_data before shard_data");
+  batches_->shard(count, rank);
+  return true;
+}
+
 std::vector<train::Model::NamedTensor> TransformerModel::batch_tensors() const {
   const TransformerShape& s = transformer_.shape();
   std::vector<NamedTensor> out;
@@ -323,9 +329,9 @@ train::TrainingConfig TransformerWorkload::training() const {
 void TransformerWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
   std::string path = data_path_;
   if (path.empty())
-    path = data::ensure_dataset(preset_ ? dataset_params(shape_, preset_->data_sequences,
-                                                         preset_->data_vocab)
-                                        : dataset_params(shape_));
+    path = data::ensure_dataset(
+        preset_ ? dataset_params(shape_, preset_->data_sequences, preset_->data_vocab)
+                : dataset_params(shape_));
   file_.emplace(path, data::BatchShape{shape_.micro_batch, shape_.seq, shape_.padded_vocab()});
   const data::TokenFileInfo& info = file_->info();
   std::fprintf(out,

@@ -118,6 +118,7 @@ class TransformerModel : public train::Model {
   // The data position counts micro-batches in the stream's order (data::BatchOrder).
   int64_t data_position() const override;
   void seek_data(int64_t position) override;
+  bool shard_data(int rank, int count) override;
   // Micro-batch m's tokens and targets ("tokens.m", "targets.m", [micro_batch, seq] int32).
   std::vector<NamedTensor> batch_tensors() const override;
   // The held-out loss (nats per token), over micro-batch 0's buffers.

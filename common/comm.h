@@ -1,0 +1,152 @@
+// comm.h: the processes of a run and their collectives. MPI only bootstraps (the ranks, the NCCL
+// unique id, the capture check); every collective on the step path is NCCL, enqueued on the step's
+// stream, eagerly or inside a captured graph.
+//
+// World: one process per GPU, launched by mpiexec or srun (a single process runs without MPI). The
+// local rank picks the device.
+//
+// Communicator: one NCCL communicator over a group of ranks (data-parallel, tensor-parallel, ...),
+// created before any capture and warmed with one eager call of each collective it will run (the
+// first call of a communicator inside a capture fails: exercises/CATALOGUE.md). Its owner destroys
+// it after every graph that holds it (NCCL 2.26+ waits for them).
+//
+// CollectiveLog: every collective a communicator enqueues while its stream is capturing is recorded
+// (kind, count, dtype, communicator, order). Before the first replay the ranks compare what they
+// captured (check_same_collectives): ranks that captured different sequences would hang at replay;
+// here they fail at once, each naming the first collective that differs. The last collective
+// enqueued, captured or not, is kept for the watchdog's message.
+//
+// Watchdog: a wait on the step path polls the communicators' asynchronous errors and gives up after
+// a timeout with ncclCommAbort and a message naming the rank, the host and the last collective.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace replay::comm {
+
+struct World {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  bool mpi = false;  // launched by mpiexec or srun (MPI initialized)
+  std::string host;
+};
+
+// True when a launcher started this process as one rank of several (Open MPI, PMI, PMIx or Slurm
+// environment variables).
+bool launched_by_mpi();
+// Initializes MPI when launched by a launcher, and returns the process's place; a world of one
+// otherwise. Idempotent.
+const World& init_world(int* argc, char*** argv);
+const World& world();
+// MPI_Finalize when init_world initialized MPI (at exit of main).
+void finalize_world();
+
+enum class Kind { kAllReduce, kReduceScatter, kAllGather };
+const char* kind_name(Kind k);
+
+struct CollectiveRecord {
+  Kind kind;
+  size_t count;  // elements each rank receives (all-gather, reduce-scatter) or reduces (all-reduce)
+  ncclDataType_t dtype;
+  ncclRedOp_t op;
+  std::string comm;  // the communicator's name
+  std::string describe() const;
+};
+
+class CollectiveLog {
+ public:
+  void record(CollectiveRecord r, bool captured);
+  const std::vector<CollectiveRecord>& captured() const { return captured_; }
+  // The last collective enqueued (eagerly or captured), "" before any.
+  const std::string& last() const { return last_; }
+  uint64_t hash() const;
+  void clear_captured() { captured_.clear(); }
+
+ private:
+  std::vector<CollectiveRecord> captured_;
+  std::string last_;
+};
+
+class Communicator {
+ public:
+  // Collective over every rank of the world whose `color` matches this rank's (MPI_Comm_split
+  // semantics, ranks ordered by world rank). `log` (shared by a run's communicators) may be null.
+  Communicator(const World& w, std::string name, int color, CollectiveLog* log);
+  ~Communicator();  // ncclCommDestroy, unless aborted
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ncclComm_t handle() const { return comm_; }
+
+  // In place where NCCL allows it: all_gather with send = recv + rank * count, reduce_scatter
+  // with recv = send + rank * count.
+  void all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype, ncclRedOp_t op,
+                  cudaStream_t stream);
+  void reduce_scatter(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                      ncclRedOp_t op, cudaStream_t stream);
+  void all_gather(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                  cudaStream_t stream);
+
+  // nccl's asynchronous error ("" when none); abort() tears the communicator down at once.
+  std::string async_error() const;
+  void abort();
+  bool aborted() const { return aborted_; }
+
+ private:
+  void record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream);
+
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  ncclComm_t comm_ = nullptr;
+  CollectiveLog* log_ = nullptr;
+  bool aborted_ = false;
+};
+
+// Every rank's captured sequence against every other's, over MPI (a no-op in a world of one).
+// Throws Error on every rank when they differ, naming the first differing collective on each side.
+void check_same_collectives(const World& w, const CollectiveLog& log);
+
+// Polls `done` until it returns true; in between, each communicator's asynchronous error, and
+// after `timeout` aborts them all and throws, naming this rank, its host and the last collective
+// enqueued. A world of one just calls `done` until true.
+class Watchdog {
+ public:
+  Watchdog(const World& w, std::vector<Communicator*> comms, const CollectiveLog* log,
+           double timeout_s);
+  template <typename Done>
+  void wait(const char* what, Done&& done) {
+    if (done()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done()) poll(what, t0);
+  }
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  void poll(const char* what, std::chrono::steady_clock::time_point t0);
+  const World& world_;
+  std::vector<Communicator*> comms_;
+  const CollectiveLog* log_;
+  double timeout_s_;
+};
+
+// MPI helpers for the driver (no-ops or identities in a world of one).
+void barrier(const World& w);
+// Rank 0's value on every rank.
+uint64_t broadcast(const World& w, uint64_t value);
+// A rank that failed ends the job (MPI_Abort): the others may be waiting in a collective.
+[[noreturn]] void abort_world(int code);
+// Each rank's value, in rank order, on every rank.
+std::vector<double> all_gather_doubles(const World& w, double value);
+
+}  // namespace replay::comm

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Data parallelism across two GPUs (label mpi; exit 77 with fewer than two GPUs or without mpiexec):
+for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
+
+1. trains 20 steps in none, layer and full mode with bit-identical losses and weights (the
+   reduce-scatter of the gradients, the all-reduced grad norm and loss and the all-gather of the
+   weights are captured in the graphs; the capture check passed on both ranks);
+2. agrees with one GPU running the same global batch as two micro-batches (`--microbatches 2`, the
+   same batches in the same order): step 0's loss within 1e-5 and every loss of 20 steps within 0.02
+   nats (the gradient sums are ordered differently, so not bitwise);
+3. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
+   10 more give the losses and weights of 20 straight steps.
+
+REPLAY_BIN_DIR names the build's binaries (CTest sets it)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+STEPS = 20
+FIRST_STEP_TOLERANCE = 1e-5
+LOSS_TOLERANCE = 0.02
+
+
+def skip(why):
+    print(f"SKIPPED: {why}")
+    sys.exit(77)
+
+
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True).stdout
+    except OSError:
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def run(cmd):
+    print("+ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print("\n".join(p.stdout.splitlines()[-12:]), flush=True)
+    return p.returncode, p.stdout
+
+
+def check(cond, message, failures):
+    print(("ok   " if cond else "FAIL ") + message, flush=True)
+    if not cond:
+        failures.append(message)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
+    binary = os.path.join(bin_dir, f"replay-{workload}")
+    common = ["--preset", "tiny", "--dropout", "0", "--seed", "7", "--warmup", "2", "--log-interval", "5"]
+    launch = [mpiexec, "-n", "2", "--oversubscribe", binary, "--dp", "2", *common]
+    runs = {}
+    for mode in ("none", "layer", "full"):
+        out = os.path.join(tmp, f"{workload}-dp2-{mode}.json")
+        rc, text = run([*launch, "--graphs", mode, "--steps", str(STEPS), "--json", out])
+        check(rc == 0, f"{workload}: DP2 {mode} runs", failures)
+        if rc == 0:
+            runs[mode] = load(out)
+            if mode != "none":
+                check("the same on all 2 ranks" in text, f"{workload}: DP2 {mode}: the capture check passed",
+                      failures)
+    if len(runs) == 3:
+        hashes = {m: (d["loss_hash"], d["weights_hash"]) for m, d in runs.items()}
+        check(len(set(hashes.values())) == 1,
+              f"{workload}: DP2 losses and weights bit-identical in none, layer and full ({hashes})", failures)
+        p = runs["full"]["parallel"]
+        check(p["world_size"] == 2 and p["data_parallel"] == 2 and len(p["rank_step_ms"]) == 2,
+              f"{workload}: the JSON's parallel block ({p})", failures)
+
+    one = os.path.join(tmp, f"{workload}-1gpu.json")
+    rc, _ = run([binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS),
+                 "--json", one])
+    check(rc == 0, f"{workload}: one GPU with two micro-batches runs", failures)
+    if rc == 0 and "full" in runs:
+        a, b = runs["full"]["losses"], load(one)["losses"]
+        first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
+        print(f"{workload}: DP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
+              f"{first:.2e}, the worst step by {worst:.2e}")
+        check(first <= FIRST_STEP_TOLERANCE, f"{workload}: step 0's loss matches one GPU ({first:.2e})", failures)
+        check(worst <= LOSS_TOLERANCE, f"{workload}: 20 losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})",
+              failures)
+
+    ckpt = os.path.join(tmp, f"{workload}-ckpt")
+    whole = os.path.join(tmp, f"{workload}-whole.json")
+    rc, _ = run([*launch, "--graphs", "full", "--steps", str(STEPS), "--save", ckpt, "--save-interval", "10",
+                 "--json", whole])
+    half = os.path.join(tmp, f"{workload}-half.json")
+    rc2, _ = run([*launch, "--graphs", "layer", "--steps", str(STEPS // 2), "--load",
+                  os.path.join(ckpt, "step-00000010.safetensors"), "--json", half])
+    check(rc == 0 and rc2 == 0, f"{workload}: DP2 save at 10 and resume", failures)
+    if rc == 0 and rc2 == 0:
+        w, h = load(whole), load(half)
+        check(w["losses"][STEPS // 2:] == h["losses"] and w["weights_hash"] == h["weights_hash"],
+              f"{workload}: DP2 resume bit-exact (losses and weights of 20 straight steps)", failures)
+
+
+def main():
+    if gpu_count() < 2:
+        skip("fewer than two GPUs")
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        skip("no mpiexec")
+    bin_dir = os.environ.get("REPLAY_BIN_DIR", "")
+    if not os.path.isfile(os.path.join(bin_dir, "replay-gpt3")):
+        skip(f"no replay binaries in REPLAY_BIN_DIR={bin_dir!r}")
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="replay-dp-") as tmp:
+        for workload in ("gpt3", "llama31"):
+            crosscheck(workload, bin_dir, mpiexec, tmp, failures)
+    print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
