@@ -1,25 +1,74 @@
 # FindCUDNN: the cuDNN 9 library (backend API).
 # Provides CUDNN::cudnn, CUDNN_VERSION, CUDNN_INCLUDE_DIR, CUDNN_LIBRARY.
-# Hints: CUDNN_ROOT (CMake or environment), the CUDA toolkit, system paths, the pip wheel.
+# Looked for, in order: CUDNN_ROOT (CMake or environment) and CUDNN_HOME, the CUDA toolkit (its
+# include/ and lib/, and targets/<arch>-linux), the pip wheel (nvidia-cudnn-cu13 or -cu12:
+# site-packages/nvidia/cudnn, whose library is only libcudnn.so.9), then the system paths, the
+# platform's multiarch folders (lib/<multiarch>, include/<multiarch>) included.
+# (CMake itself searches CUDNN_ROOT and CMAKE_PREFIX_PATH, as prefixes, before all of these.)
+# <arch> and <multiarch> follow the architecture being configured for, not the build machine:
+# x86_64 -> targets/x86_64-linux and x86_64-linux-gnu; aarch64 (Grace, GH200) -> targets/sbsa-linux
+# and aarch64-linux-gnu. <multiarch> is CMAKE_LIBRARY_ARCHITECTURE where the compiler set it.
 include(FindPackageHandleStandardArgs)
 
-set(_cudnn_hints ${CUDNN_ROOT} $ENV{CUDNN_ROOT} $ENV{CUDNN_HOME})
-if(CUDAToolkit_LIBRARY_ROOT)
-  list(APPEND _cudnn_hints ${CUDAToolkit_LIBRARY_ROOT})
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+  set(_cudnn_cuda_targets sbsa-linux aarch64-linux)
+  set(_cudnn_multiarch aarch64-linux-gnu)
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  set(_cudnn_cuda_targets x86_64-linux)
+  set(_cudnn_multiarch x86_64-linux-gnu)
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(ppc64le|powerpc64le)$")
+  set(_cudnn_cuda_targets ppc64le-linux)
+  set(_cudnn_multiarch powerpc64le-linux-gnu)
+else()
+  set(_cudnn_cuda_targets "")
+  set(_cudnn_multiarch "")
 endif()
-if(CUDAToolkit_INCLUDE_DIRS)
-  foreach(_d IN LISTS CUDAToolkit_INCLUDE_DIRS)
-    get_filename_component(_p "${_d}" DIRECTORY)
-    list(APPEND _cudnn_hints "${_p}")
-  endforeach()
+if(CMAKE_LIBRARY_ARCHITECTURE)
+  set(_cudnn_multiarch ${CMAKE_LIBRARY_ARCHITECTURE})
+endif()
+
+set(_cudnn_include_suffixes include)
+set(_cudnn_lib_suffixes lib lib64)
+if(_cudnn_multiarch)
+  list(APPEND _cudnn_include_suffixes include/${_cudnn_multiarch})
+  list(APPEND _cudnn_lib_suffixes lib/${_cudnn_multiarch})
+endif()
+foreach(_t IN LISTS _cudnn_cuda_targets)
+  list(APPEND _cudnn_include_suffixes targets/${_t}/include)
+  list(APPEND _cudnn_lib_suffixes targets/${_t}/lib targets/${_t}/lib64)
+endforeach()
+
+set(_cudnn_hints ${CUDNN_ROOT} $ENV{CUDNN_ROOT} $ENV{CUDNN_HOME} ${CUDAToolkit_LIBRARY_ROOT}
+    ${CUDAToolkit_TARGET_DIR})
+foreach(_d IN LISTS CUDAToolkit_INCLUDE_DIRS)
+  get_filename_component(_p "${_d}" DIRECTORY)
+  list(APPEND _cudnn_hints "${_p}")
+endforeach()
+
+# The pip wheel, in every site-packages of the Python the project uses (only until found: the result
+# is cached).
+if(NOT CUDNN_INCLUDE_DIR OR NOT CUDNN_LIBRARY)
+  if(NOT Python3_EXECUTABLE)
+    find_package(Python3 COMPONENTS Interpreter QUIET)
+  endif()
+  if(Python3_EXECUTABLE)
+    execute_process(
+      COMMAND "${Python3_EXECUTABLE}" -c
+        "import os, sys\nfor p in sys.path:\n    d = os.path.join(p, 'nvidia', 'cudnn')\n    if p and os.path.isdir(d): print(os.path.abspath(d))"
+      OUTPUT_VARIABLE _cudnn_wheels OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    string(REPLACE "\n" ";" _cudnn_wheels "${_cudnn_wheels}")
+    list(APPEND _cudnn_hints ${_cudnn_wheels})
+  endif()
 endif()
 
 find_path(CUDNN_INCLUDE_DIR cudnn_version.h
   HINTS ${_cudnn_hints}
-  PATH_SUFFIXES include include/x86_64-linux-gnu targets/x86_64-linux/include)
-find_library(CUDNN_LIBRARY cudnn
+  PATHS /usr/local/cuda /usr
+  PATH_SUFFIXES ${_cudnn_include_suffixes})
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR
   HINTS ${_cudnn_hints}
-  PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib)
+  PATHS /usr/local/cuda /usr
+  PATH_SUFFIXES ${_cudnn_lib_suffixes})
 
 if(CUDNN_INCLUDE_DIR AND EXISTS "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
   file(STRINGS "${CUDNN_INCLUDE_DIR}/cudnn_version.h" _cudnn_defs REGEX "#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) +[0-9]+")
@@ -30,9 +79,12 @@ if(CUDNN_INCLUDE_DIR AND EXISTS "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
   set(CUDNN_VERSION "${_cudnn_MAJOR}.${_cudnn_MINOR}.${_cudnn_PATCHLEVEL}")
 endif()
 
+string(REPLACE ";" ", " _cudnn_searched "${_cudnn_lib_suffixes}")
 find_package_handle_standard_args(CUDNN
   REQUIRED_VARS CUDNN_LIBRARY CUDNN_INCLUDE_DIR
-  VERSION_VAR CUDNN_VERSION)
+  VERSION_VAR CUDNN_VERSION
+  REASON_FAILURE_MESSAGE
+    "searched CUDNN_ROOT, the CUDA toolkit, pip's nvidia/cudnn and the system paths, below each: ${_cudnn_searched} (configuring for ${CMAKE_SYSTEM_PROCESSOR}). Pass -DCUDNN_ROOT=<folder with include/cudnn_version.h and lib/libcudnn.so>")
 
 if(CUDNN_FOUND AND NOT TARGET CUDNN::cudnn)
   add_library(CUDNN::cudnn SHARED IMPORTED)

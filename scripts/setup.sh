@@ -31,10 +31,38 @@ if ! command -v nvcc >/dev/null 2>&1; then
 fi
 command -v nvcc >/dev/null 2>&1 || die "nvcc not found: install the CUDA 13 toolkit (with cuBLASLt, cuDNN 9 and NCCL) and put its bin/ on PATH"
 cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
-[ -e "$cuda_root/include/cudnn_version.h" ] || [ -e /usr/include/cudnn_version.h ] \
-  || [ -e /usr/include/x86_64-linux-gnu/cudnn_version.h ] || die "cuDNN 9 headers not found next to $cuda_root or in /usr/include"
-[ -e "$cuda_root/include/nccl.h" ] || [ -e /usr/include/nccl.h ] || [ -e /usr/local/include/nccl.h ] \
-  || die "NCCL (nccl.h) not found next to $cuda_root or in /usr/include"
+# Where this machine's headers live, as cmake/FindCUDNN.cmake and FindNCCL.cmake search: CUDNN_ROOT /
+# NCCL_ROOT, the toolkit and its targets/<arch>-linux, Debian's multiarch folder, the pip wheels
+# (site-packages/nvidia/cudnn, nvidia/nccl). x86_64: x86_64-linux, x86_64-linux-gnu; aarch64 (Grace,
+# GH200): sbsa-linux, aarch64-linux-gnu.
+case "$(dpkg --print-architecture 2>/dev/null || uname -m)" in
+  amd64|x86_64) cuda_target=x86_64-linux; multiarch=x86_64-linux-gnu ;;
+  arm64|aarch64) cuda_target=sbsa-linux; multiarch=aarch64-linux-gnu ;;
+  ppc64el|ppc64le) cuda_target=ppc64le-linux; multiarch=powerpc64le-linux-gnu ;;
+  *) cuda_target="$(uname -m)-linux"; multiarch="$(uname -m)-linux-gnu" ;;
+esac
+wheel_dirs=()
+if command -v python3 >/dev/null 2>&1; then
+  mapfile -t wheel_dirs < <(python3 -c 'import os, sys
+for p in sys.path:
+    d = os.path.join(p, "nvidia")
+    if p and os.path.isdir(d): print(os.path.abspath(d))' 2>/dev/null || true)
+fi
+have_header() {  # have_header NAME ROOT_ENV_VALUE WHEEL_SUBDIR
+  local d
+  for d in ${2:+"$2/include"} "$cuda_root/include" "$cuda_root/targets/$cuda_target/include" \
+           /usr/include "/usr/include/$multiarch" /usr/local/include; do
+    [ -e "$d/$1" ] && return 0
+  done
+  for d in "${wheel_dirs[@]}"; do
+    [ -e "$d/$3/include/$1" ] && return 0
+  done
+  return 1
+}
+have_header cudnn_version.h "${CUDNN_ROOT:-}" cudnn \
+  || die "cuDNN 9 headers not found (CUDNN_ROOT, $cuda_root, its targets/$cuda_target, /usr/include[/$multiarch], pip's nvidia-cudnn-cu13)"
+have_header nccl.h "${NCCL_ROOT:-}" nccl \
+  || die "NCCL (nccl.h) not found (NCCL_ROOT, $cuda_root, its targets/$cuda_target, /usr/include[/$multiarch], pip's nvidia-nccl-cu13)"
 
 # --- Debian packages ---------------------------------------------------------------------------------
 debs=(cmake ninja-build g++ libhdf5-dev libopenmpi-dev openmpi-bin libcli11-dev nlohmann-json3-dev
