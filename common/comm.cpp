@@ -182,8 +182,8 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, ncclDa
   REPLAY_NCCL_CHECK(ncclAllReduce(send, recv, count, dtype, op, comm_, stream));
 }
 
-void Communicator::reduce_scatter(const void* send, void* recv, size_t count,
-                                  ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream) {
+void Communicator::reduce_scatter(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                                  ncclRedOp_t op, cudaStream_t stream) {
   record(Kind::kReduceScatter, count, dtype, op, stream);
   REPLAY_NCCL_CHECK(ncclReduceScatter(send, recv, count, dtype, op, comm_, stream));
 }
@@ -250,10 +250,9 @@ void check_same_collectives(const World& w, const CollectiveLog& log) {
     return k < v.size() ? v[k] : std::string("nothing (the sequence ends)");
   };
   std::ostringstream os;
-  os << "the ranks captured different collective sequences (a replay would hang): collective #"
-     << i << " is " << at(here, i) << " on rank " << w.rank << " (" << here.size()
-     << " captured) and " << at(there, i) << " on rank " << other << " (" << there.size()
-     << " captured)";
+  os << "the ranks captured different collective sequences (a replay would hang): collective #" << i
+     << " is " << at(here, i) << " on rank " << w.rank << " (" << here.size() << " captured) and "
+     << at(there, i) << " on rank " << other << " (" << there.size() << " captured)";
   throw_error("replay", "collective mismatch", "check_same_collectives", __FILE__, __LINE__,
               os.str());
 }

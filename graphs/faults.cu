@@ -57,6 +57,9 @@ const std::vector<FaultInfo>& fault_catalogue() {
       {Fault::kLegacyStream, "legacy-stream",
        "a kernel on the legacy default stream: runs at capture, missing from the graph, "
        "--verify-graphs names the output"},
+      {Fault::kCollectiveMismatch, "collective-mismatch",
+       "data parallel (--dp 2+, --graphs full): rank 1 captures one extra all-reduce; the capture "
+       "check names it before the first replay, which would hang"},
   };
   return faults;
 }
@@ -103,7 +106,7 @@ FaultInjector::~FaultInjector() {
 }
 
 void FaultInjector::add_args(RegionArgs& args) {
-  if (fault_ == Fault::kNone) return;
+  if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch) return;
   args.write("fault.probe", TensorView(buffers_, DType::kFP32, {kProbe}));
   if (fault_ == Fault::kStaleInput) {
     // The bug: a new buffer every call (as a loader handing out fresh tensors), where a graph keeps
@@ -118,6 +121,7 @@ void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
   float* probe = buffers_;
   switch (fault_) {
     case Fault::kNone:
+    case Fault::kCollectiveMismatch:  // planted by the trainer's optimizer, among its collectives
       return;
     case Fault::kHostSync:
       // Harmless eagerly (a stall); forbidden while capturing.

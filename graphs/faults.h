@@ -17,13 +17,14 @@ namespace replay::graphs {
 
 enum class Fault {
   kNone,
-  kHostSync,        // cudaStreamSynchronize in the region (guide C1)
-  kMalloc,          // cudaMalloc + cudaFree in the region (C2, M8)
-  kScalarByValue,   // a host step counter passed to a kernel by value (N4)
-  kRngByValue,      // a Philox draw given seed and offset by value (C14)
-  kStaleInput,      // the region's input re-pointed after capture (N3)
-  kUnjoinedStream,  // a side stream forked in the region and never joined (C5)
-  kLegacyStream,    // a kernel launched on the legacy default stream (C7, N11)
+  kHostSync,            // cudaStreamSynchronize in the region (guide C1)
+  kMalloc,              // cudaMalloc + cudaFree in the region (C2, M8)
+  kScalarByValue,       // a host step counter passed to a kernel by value (N4)
+  kRngByValue,          // a Philox draw given seed and offset by value (C14)
+  kStaleInput,          // the region's input re-pointed after capture (N3)
+  kUnjoinedStream,      // a side stream forked in the region and never joined (C5)
+  kLegacyStream,        // a kernel launched on the legacy default stream (C7, N11)
+  kCollectiveMismatch,  // data parallel: rank 1 captures one extra all-reduce (train/trainer.cpp)
 };
 
 // One entry of the catalogue.

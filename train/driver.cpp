@@ -166,6 +166,11 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
                             std::to_string(world.size) +
                             " processes, and data parallelism is the only layout across processes "
                             "so far (--dp must equal the process count)");
+  if (f.inject == "collective-mismatch" && (dp < 2 || f.graphs != "full"))
+    throw bench::UsageError(
+        "--inject collective-mismatch: plants a captured collective in the optimizer of rank 1 "
+        "of a data-parallel run; give --dp 2 or more (under mpiexec) and --graphs full (the "
+        "optimizer runs eagerly in layer mode)");
   if (dp > 1 && !f.dump_step.empty())
     throw bench::UsageError(
         "--dump-step: a data-parallel step keeps only a share of each "

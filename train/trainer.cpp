@@ -21,7 +21,8 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
   if (dp != nullptr) {
     REPLAY_REQUIRE(dp->size() > 1, "Trainer: a data-parallel group of one rank");
     model_.params().set_shard(dp->rank(), dp->size());
-    sumsq_id_ = plan_.add("dp.grad_sumsq", DType::kFP32, 2, "optimizer");
+    // The grad norm's sum of squares (a double), then a float the planted fault reduces.
+    sumsq_id_ = plan_.add("dp.grad_sumsq", DType::kFP32, 4, "optimizer");
   }
   model_.plan(plan_);
   scalars_id_ = plan_step_scalars(plan_);
@@ -116,7 +117,8 @@ void Trainer::build_step_plan() {
         planted = i;
         break;
       }
-    fault_region_ = regions[planted].name;
+    fault_region_ = options_.fault == graphs::Fault::kCollectiveMismatch ? std::string("optimizer")
+                                                                         : regions[planted].name;
   }
   for (size_t i = 0; i < regions.size(); ++i)
     step_plan_->add_region(wrap(std::move(regions[i]), i == planted));
@@ -165,6 +167,15 @@ void Trainer::optimizer_step(cudaStream_t s) const {
     grad_norm_from_sumsq(sumsq_, t.clip_norm, &scalars_->loss_scale, &scalars_->grad_norm,
                          &scalars_->grad_scale, &scalars_->found_inf, s);
     dp->all_reduce(&scalars_->loss, &scalars_->loss, 1, ncclFloat32, ncclAvg, s);
+    if (options_.fault == graphs::Fault::kCollectiveMismatch && dp->rank() == 1) {
+      // --inject collective-mismatch: one all-reduce more on rank 1, captured only (an eager
+      // extra collective would pair with the other ranks' next one and hang the warm-up).
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      REPLAY_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+      float* scratch = reinterpret_cast<float*>(sumsq_ + 1);
+      if (capturing == cudaStreamCaptureStatusActive)
+        dp->all_reduce(scratch, scratch, 1, ncclFloat32, ncclSum, s);
+    }
   }
   prepare_optimizer(t.schedule, scalars_, s);
   adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,

@@ -8,7 +8,9 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
 2. agrees with one GPU running the same global batch as two micro-batches (`--microbatches 2`, the
    same batches in the same order): step 0's loss within 1e-5 and every loss of 20 steps within 0.02
    nats (the gradient sums are ordered differently, so not bitwise);
-3. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
+3. stops with the differing collective named when rank 1 captured one more (--inject
+   collective-mismatch), instead of hanging at the first replay;
+4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
    10 more give the losses and weights of 20 straight steps.
 
 REPLAY_BIN_DIR names the build's binaries (CTest sets it)."""
@@ -91,6 +93,13 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         check(first <= FIRST_STEP_TOLERANCE, f"{workload}: step 0's loss matches one GPU ({first:.2e})", failures)
         check(worst <= LOSS_TOLERANCE, f"{workload}: 20 losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})",
               failures)
+
+    # --inject collective-mismatch: rank 1 captures one extra all-reduce; the capture check stops
+    # the run before the first replay (which would hang) and names the extra collective.
+    rc, text = run([*launch, "--graphs", "full", "--steps", "2", "--inject", "collective-mismatch"])
+    check(rc != 0 and "captured different collective sequences" in text and
+          "all_reduce(f32 x 1, sum) on 'data-parallel' on rank 1" in text,
+          f"{workload}: the planted collective mismatch is named, not hung", failures)
 
     ckpt = os.path.join(tmp, f"{workload}-ckpt")
     whole = os.path.join(tmp, f"{workload}-whole.json")

@@ -20,7 +20,7 @@ std::optional<train::RunFlags> parse(const std::vector<std::string>& args) {
 }
 
 TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
-  ASSERT_EQ(graphs::fault_catalogue().size(), 7u);
+  ASSERT_EQ(graphs::fault_catalogue().size(), 8u);
   for (const graphs::FaultInfo& f : graphs::fault_catalogue()) {
     const auto flags = parse({"--inject", f.name});
     ASSERT_TRUE(flags.has_value());
