@@ -13,7 +13,8 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
 4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
    10 more give the losses and weights of 20 straight steps.
 
-REPLAY_BIN_DIR names the build's binaries (CTest sets it)."""
+REPLAY_BIN_DIR names the build's binaries (CTest sets it); with REPLAY_DP_OUT set, the measured
+differences are written there as JSON."""
 
 import json
 import os
@@ -90,6 +91,13 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
         print(f"{workload}: DP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
               f"{first:.2e}, the worst step by {worst:.2e}")
+        out_dir = os.environ.get("REPLAY_DP_OUT")
+        if out_dir:  # the measured differences, kept when the test passes too
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, f"{workload}-dp2-vs-1gpu.json"), "w") as f:
+                json.dump({"workload": workload, "dp2_losses": a, "one_gpu_losses": b,
+                           "step0_diff": first, "worst_diff": worst,
+                           "dp2_hashes": {m: d["loss_hash"] for m, d in runs.items()}}, f, indent=2)
         check(first <= FIRST_STEP_TOLERANCE, f"{workload}: step 0's loss matches one GPU ({first:.2e})", failures)
         check(worst <= LOSS_TOLERANCE, f"{workload}: 20 losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})",
               failures)
