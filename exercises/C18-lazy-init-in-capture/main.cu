@@ -1,104 +1,111 @@
-// C18: lazy initialization inside a capture: the first cuBLAS GEMM on a handle, and the first
-// cudaFuncSetAttribute for a kernel, happen while capturing. Libraries may allocate workspace, load
-// kernels or query the device on first use; inside a capture that can fail the capture or leave the
-// one-time work out of the graph. The exercise reports what this CUDA version does with each; the
-// fix is the same either way: one eager warm-up call before capture.
-#include <cublas_v2.h>
+// C18: lazy initialization inside a capture. A library does one-time work (connections, buffers,
+// device queries) on its first call; when that first call is made while a stream captures, the
+// one-time work runs inside the capture, where part of it is not allowed. NCCL is the verified
+// case: the first collective of a fresh communicator, issued inside a capture, fails and the
+// capture is invalidated. The fix: one eager warm-up collective before the capture; the captured
+// collective then replays and gives the right value. One process, one communicator over the
+// visible GPU (ncclCommInitAll with one device: a 1-rank communicator); no MPI.
+#include <nccl.h>
 
 #include "common.h"
 
-constexpr int kN = 64;            // square GEMM size
-constexpr int kSmem = 96 * 1024;  // above the 48 KiB default: needs the attribute
+constexpr int kCount = 1024;    // floats per all-reduce
+constexpr float kInput = 7.0f;  // every rank contributes this value
+constexpr int kRanks = 1;       // one GPU suffices
+constexpr int kDevice = 0;
 
-// Sums kN ones through a large dynamic shared-memory buffer.
-__global__ void big_smem_sum(float* out) {
-  extern __shared__ float tile[];
-  tile[threadIdx.x] = 1.0f;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0;
-    for (int i = 0; i < kN; ++i) s += tile[i];
-    *out = s;
-  }
+// "ncclInternalError (3)": the enumerator, as the catalogue names it.
+static std::string nccl_name(ncclResult_t r) {
+  const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                         "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                         "ncclRemoteError",   "ncclInProgress"};
+  const int i = static_cast<int>(r);
+  const std::string name = i >= 0 && i < 8 ? names[i] : "ncclResult";
+  return name + " (" + std::to_string(i) + ")";
 }
 
-static const char* blas_name(cublasStatus_t s) {
-  return cublasGetStatusName(s);
+static const char* capture_status_name(cudaStreamCaptureStatus s) {
+  switch (s) {
+    case cudaStreamCaptureStatusNone:
+      return "none";
+    case cudaStreamCaptureStatusActive:
+      return "active";
+    case cudaStreamCaptureStatusInvalidated:
+      return "invalidated";
+  }
+  return "unknown";
 }
 
 int main(int argc, char** argv) {
   const ex::Args args = ex::parse_args(argc, argv, "C18");
   ex::require_gpu();
+  EX_CHECK(cudaSetDevice(kDevice));
+  int device = kDevice;
+  ncclComm_t comm;
+  const ncclResult_t init = ncclCommInitAll(&comm, kRanks, &device);
+  if (init != ncclSuccess)
+    return ex::report("C18", args, false, "ncclCommInitAll -> %s", nccl_name(init).c_str());
   const cudaStream_t stream = ex::nonblocking_stream();
-  float *a, *c, *sum;
-  EX_CHECK(cudaMalloc(&a, kN * kN * sizeof(float)));
-  EX_CHECK(cudaMalloc(&c, kN * kN * sizeof(float)));
-  EX_CHECK(cudaMalloc(&sum, sizeof(float)));
-  float ones[kN * kN];
-  for (float& v : ones) v = 1.0f;
-  EX_CHECK(cudaMemcpy(a, ones, sizeof(ones), cudaMemcpyHostToDevice));
-  cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS)
-    return ex::report("C18", args, false, "cublasCreate failed");
-  if (cublasSetStream(handle, stream) != CUBLAS_STATUS_SUCCESS)
-    return ex::report("C18", args, false, "cublasSetStream failed");
-  const float one = 1.0f, zero = 0.0f;
-  auto gemm = [&] {
-    return cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, kN, kN, kN, &one, a, kN, a, kN, &zero, c,
-                       kN);
+  float *send, *recv;
+  EX_CHECK(cudaMalloc(&send, kCount * sizeof(float)));
+  EX_CHECK(cudaMalloc(&recv, kCount * sizeof(float)));
+  float host[kCount];
+  for (float& v : host) v = kInput;
+  EX_CHECK(cudaMemcpy(send, host, sizeof(host), cudaMemcpyHostToDevice));
+  EX_CHECK(cudaMemset(recv, 0, kCount * sizeof(float)));
+  auto all_reduce = [&] {
+    return ncclAllReduce(send, recv, kCount, ncclFloat, ncclSum, comm, stream);
   };
 
   if (!args.broken()) {
-    // Fixed: warm up eagerly: one GEMM and the attribute, before any capture.
-    if (gemm() != CUBLAS_STATUS_SUCCESS)
-      return ex::report("C18", args, false, "eager warm-up GEMM failed");
-    EX_CHECK(
-        cudaFuncSetAttribute(big_smem_sum, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    // Fixed: one eager collective first, so NCCL's one-time set-up happens outside any capture.
+    const ncclResult_t warm = all_reduce();
+    if (warm != ncclSuccess)
+      return ex::report("C18", args, false, "eager warm-up ncclAllReduce -> %s",
+                        nccl_name(warm).c_str());
     EX_CHECK(cudaStreamSynchronize(stream));
+    EX_CHECK(cudaMemset(recv, 0, kCount * sizeof(float)));
   }
+  // Broken: this is the communicator's first collective.
   cudaGraph_t graph = nullptr;
   EX_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const cublasStatus_t blas = gemm();
-  const cudaError_t attr =
-      args.broken() ? EX_TRY(cudaFuncSetAttribute(
-                          big_smem_sum, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem))
-                    : cudaSuccess;
-  big_smem_sum<<<1, kN, kSmem, stream>>>(sum);
-  const cudaError_t launch = EX_TRY(cudaGetLastError());
+  const ncclResult_t captured = all_reduce();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t query = EX_TRY(cudaStreamIsCapturing(stream, &status));
   const cudaError_t end = EX_TRY(cudaStreamEndCapture(stream, &graph));
 
-  float c00 = -1, total = -1;
-  if (end == cudaSuccess) {
-    const cudaGraphExec_t exec = ex::instantiate(graph);
-    EX_CHECK(cudaMemsetAsync(c, 0, kN * kN * sizeof(float), stream));
-    EX_CHECK(cudaMemsetAsync(sum, 0, sizeof(float), stream));
-    EX_CHECK(cudaGraphLaunch(exec, stream));
-    EX_CHECK(cudaMemcpyAsync(&c00, c, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    EX_CHECK(cudaMemcpyAsync(&total, sum, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    EX_CHECK(cudaStreamSynchronize(stream));
-    ex::destroy_graph(exec, graph);
-  }
-  cublasDestroy(handle);
-  const bool replay_correct = end == cudaSuccess && c00 == kN && total == kN;
   if (args.broken()) {
-    // Documented either way: a refused capture or a failing first call is the guide's symptom; a
-    // correct replay means this library and driver made these first calls capture-safe. Only a
-    // silently wrong replay (every call reported success) is unexpected.
-    const bool call_failed =
-        blas != CUBLAS_STATUS_SUCCESS || attr != cudaSuccess || launch != cudaSuccess;
-    const char* outcome = end != cudaSuccess ? "capture refused"
-                          : call_failed      ? "a first call failed"
-                          : replay_correct   ? "capture-safe here, replay correct"
-                                             : "replay WRONG";
+    // Documented: the capture is spoiled (the collective reports an error, or the capture does).
+    if (graph != nullptr) EX_CHECK(cudaGraphDestroy(graph));
+    ncclCommAbort(comm);
+    const bool failed = end == cudaErrorStreamCaptureInvalidated;
     return ex::report(
-        "C18", args, end != cudaSuccess || call_failed || replay_correct,
-        "first cublasSgemm in capture -> %s, cudaFuncSetAttribute in capture -> %s, launch -> %s, "
-        "cudaStreamEndCapture -> %s; %s",
-        blas_name(blas), ex::name(attr).c_str(), ex::name(launch).c_str(), ex::name(end).c_str(),
-        outcome);
+        "C18", args, failed,
+        "first ncclAllReduce of a fresh communicator (%d rank) inside the capture -> %s, capture "
+        "status %s, cudaStreamEndCapture -> %s%s",
+        kRanks, nccl_name(captured).c_str(),
+        query == cudaSuccess ? capture_status_name(status) : ex::name(query).c_str(),
+        ex::name(end).c_str(),
+        failed ? " (no graph: the lazy set-up spoiled the capture)"
+               : " (captured cleanly: the documented failure did not happen)");
   }
+  float got = -1;
+  size_t nodes = 0;
+  if (captured == ncclSuccess && end == cudaSuccess) {
+    nodes = ex::node_count(graph);
+    const cudaGraphExec_t exec = ex::instantiate(graph);
+    EX_CHECK(cudaGraphLaunch(exec, stream));
+    EX_CHECK(cudaStreamSynchronize(stream));
+    EX_CHECK(cudaMemcpy(&got, recv + kCount - 1, sizeof(float), cudaMemcpyDeviceToHost));
+    ex::destroy_graph(exec, graph);  // before the communicator (H1)
+  }
+  const ncclResult_t destroyed = ncclCommDestroy(comm);
+  const float expected = kInput * kRanks;
   return ex::report(
-      "C18", args, replay_correct && blas == CUBLAS_STATUS_SUCCESS,
-      "warmed up before capture, replay gave C[0]=%.0f and sum=%.0f (expected %d, %d)", c00, total,
-      kN, kN);
+      "C18", args,
+      captured == ncclSuccess && end == cudaSuccess && got == expected && destroyed == ncclSuccess,
+      "warmed up with one eager ncclAllReduce, captured one (%s, cudaStreamEndCapture -> %s, %zu "
+      "node%s); replay gave %.0f (expected %.0f)",
+      nccl_name(captured).c_str(), ex::name(end).c_str(), nodes, nodes == 1 ? "" : "s", got,
+      expected);
 }
