@@ -1,4 +1,4 @@
-// N13: two graphs share memory (one pool, one scratch buffer): B reads an intermediate that A
+// N14: two graphs share memory (one pool, one scratch buffer): B reads an intermediate that A
 // leaves in the shared buffer. That only holds when the graphs replay in capture order; replaying B
 // before A makes B read the previous step's leftovers (no error).
 #include "common.h"
@@ -25,7 +25,7 @@ static cudaGraphExec_t capture(cudaStream_t stream, void (*enqueue)(cudaStream_t
 static int *x, *scratch, *a_out, *b_out;
 
 int main(int argc, char** argv) {
-  const ex::Args args = ex::parse_args(argc, argv, "N13");
+  const ex::Args args = ex::parse_args(argc, argv, "N14");
   ex::require_gpu();
   const cudaStream_t stream = ex::nonblocking_stream();
   int* pool;  // one allocation shared by both graphs
@@ -49,6 +49,6 @@ int main(int argc, char** argv) {
   EX_CHECK(cudaGraphExecDestroy(a));
   EX_CHECK(cudaGraphExecDestroy(b));
   const bool ok = host[0] == 8 && (args.broken() ? host[1] == 3 : host[1] == 4);
-  return ex::report("N13", args, ok, "step input 3: A gave %d, B gave %d (expected 8 and 4; %s)",
+  return ex::report("N14", args, ok, "step input 3: A gave %d, B gave %d (expected 8 and 4; %s)",
                     host[0], host[1], args.broken() ? "B replayed before A" : "capture order");
 }
