@@ -140,4 +140,45 @@ std::vector<double> to_double(const std::vector<float>& x) {
   return {x.begin(), x.end()};
 }
 
+std::vector<double> numeric_grad(std::vector<double>& v, const std::function<double()>& loss,
+                                 double h) {
+  std::vector<double> g(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double saved = v[i];
+    v[i] = saved + h;
+    const double up = loss();
+    v[i] = saved - h;
+    const double down = loss();
+    v[i] = saved;
+    g[i] = (up - down) / (2.0 * h);
+  }
+  return g;
+}
+
+::testing::AssertionResult grad_close(const std::string& what, const std::vector<double>& analytic,
+                                      const std::vector<double>& numeric, double tol) {
+  if (analytic.size() != numeric.size())
+    return ::testing::AssertionFailure() << what << ": size mismatch";
+  double scale = 0.0, worst_err = -1.0;
+  size_t worst = 0;
+  for (size_t i = 0; i < numeric.size(); ++i) {
+    scale = std::max(scale, std::fabs(numeric[i]));
+    const double err = std::fabs(analytic[i] - numeric[i]);
+    if (!(err <= worst_err)) {
+      worst_err = err;
+      worst = i;
+    }
+  }
+  if (scale > 0.0 && worst_err <= tol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": worst [" << worst << "] analytic " << analytic[worst] << " numeric "
+         << numeric[worst] << " error " << worst_err << " against scale " << scale;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
 }  // namespace replay::test

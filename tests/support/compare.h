@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,16 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x);
 std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x);
 std::vector<float> round_bf16(const std::vector<float>& x);
 std::vector<double> to_double(const std::vector<float>& x);
+
+// Finite differences for the fp64 CPU references: d loss / d v by central differences, perturbing
+// each element of v in turn (and restoring it); grad_close passes when max |analytic - numeric| <=
+// tol * max |numeric| and names the worst element otherwise; dot is the plain inner product (a
+// scalar loss from an upstream gradient).
+std::vector<double> numeric_grad(std::vector<double>& v, const std::function<double()>& loss,
+                                 double h = 1e-6);
+::testing::AssertionResult grad_close(const std::string& what, const std::vector<double>& analytic,
+                                      const std::vector<double>& numeric, double tol = 1e-6);
+double dot(const std::vector<double>& a, const std::vector<double>& b);
 
 // Owning device buffer for tests only (workloads use the Arena). Contents start as 0xFF bytes
 // (NaN).

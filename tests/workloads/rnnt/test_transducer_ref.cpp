@@ -23,6 +23,9 @@ namespace replay::rnnt {
 namespace {
 
 using Vec = std::vector<double>;
+using test::dot;
+using test::grad_close;
+using test::numeric_grad;
 
 Vec normal(size_t n, uint64_t seed, double stddev) {
   return test::to_double(test::random_normal(n, seed, 0.0f, static_cast<float>(stddev)));
@@ -94,25 +97,6 @@ TEST(TransducerReference, LossMatchesBruteForceOverAlignments) {
           << "blank " << blank << ", utterance " << b;
     }
   }
-}
-
-// Passes when max |analytic - numeric| <= tol * max |numeric|; names the worst element otherwise.
-::testing::AssertionResult grad_close(const std::string& what, const Vec& analytic,
-                                      const Vec& numeric, double tol) {
-  double scale = 0.0, worst_err = -1.0;
-  size_t worst = 0;
-  for (size_t i = 0; i < numeric.size(); ++i) {
-    scale = std::max(scale, std::fabs(numeric[i]));
-    const double err = std::fabs(analytic[i] - numeric[i]);
-    if (!(err <= worst_err)) {
-      worst_err = err;
-      worst = i;
-    }
-  }
-  if (scale > 0.0 && worst_err <= tol * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": worst [" << worst << "] analytic " << analytic[worst] << " numeric "
-         << numeric[worst] << " error " << worst_err << " against scale " << scale;
 }
 
 struct Ragged {

@@ -21,52 +21,13 @@ namespace replay::unet {
 namespace {
 
 using Vec = std::vector<double>;
+using test::dot;
+using test::grad_close;
+using test::numeric_grad;
 
 Vec normal(size_t n, uint64_t seed, double mean = 0.0, double stddev = 1.0) {
   return test::to_double(
       test::random_normal(n, seed, static_cast<float>(mean), static_cast<float>(stddev)));
-}
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// d loss / d v by central differences, perturbing each element of v in turn (and restoring it).
-Vec numeric_grad(Vec& v, const std::function<double()>& loss, double h = 1e-6) {
-  Vec g(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    const double saved = v[i];
-    v[i] = saved + h;
-    const double up = loss();
-    v[i] = saved - h;
-    const double down = loss();
-    v[i] = saved;
-    g[i] = (up - down) / (2.0 * h);
-  }
-  return g;
-}
-
-// Passes when max |analytic - numeric| <= tol * max |numeric|; names the worst element otherwise.
-::testing::AssertionResult grad_close(const std::string& what, const Vec& analytic,
-                                      const Vec& numeric, double tol = 1e-6) {
-  if (analytic.size() != numeric.size())
-    return ::testing::AssertionFailure() << what << ": size mismatch";
-  double scale = 0.0, worst_err = 0.0;
-  size_t worst = 0;
-  for (size_t i = 0; i < numeric.size(); ++i) {
-    scale = std::max(scale, std::fabs(numeric[i]));
-    const double err = std::fabs(analytic[i] - numeric[i]);
-    if (!(err <= worst_err)) {
-      worst_err = err;
-      worst = i;
-    }
-  }
-  if (scale > 0.0 && worst_err <= tol * scale) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": worst [" << worst << "] analytic " << analytic[worst] << " numeric "
-         << numeric[worst] << " error " << worst_err << " against scale " << scale;
 }
 
 // ---------------------------------------------------------------------------------------------------
