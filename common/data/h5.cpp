@@ -2,6 +2,8 @@
 #include "common/data/h5.h"
 
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 namespace replay::data {
@@ -136,6 +138,16 @@ void write_attr(hid_t obj, const char* name, const std::string& value) {
   REPLAY_HDF5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   const char* text = value.c_str();
   write_scalar(obj, name, type.get(), type.get(), &text);
+}
+
+void commit_file(H5Id& file, const std::string& temp_path, const std::string& path) {
+  REPLAY_HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
+  file.reset();
+  std::error_code ec;
+  std::filesystem::rename(temp_path, path, ec);
+  if (ec)
+    throw_error("replay", "write failed", "rename", __FILE__, __LINE__,
+                "'" + temp_path + "' -> '" + path + "': " + ec.message());
 }
 
 }  // namespace replay::data

@@ -65,4 +65,9 @@ void write_attr(hid_t obj, const char* name, uint64_t value);
 void write_attr(hid_t obj, const char* name, double value);
 void write_attr(hid_t obj, const char* name, const std::string& value);
 
+// The end of an atomic write: flushes and closes `file` (written at `temp_path`, every other handle
+// into it closed already) and renames it to `path`, so a reader sees the whole file or none.
+// Throws Error naming both paths when the rename fails.
+void commit_file(H5Id& file, const std::string& temp_path, const std::string& path);
+
 }  // namespace replay::data

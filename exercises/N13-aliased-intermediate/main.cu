@@ -7,52 +7,10 @@
 // replayed after A, in capture order, overwrites A's output before anyone has read it: the step
 // reads 7. Fixed: A's output is released only after its reader is done, so B's intermediate gets
 // its own block and the step reads 42.
+#include "caching_pool.h"
 #include "common.h"
 
 #include <vector>
-
-// A caching allocator over one slab planned before any capture: it knows when a block is
-// released, not who will still read it.
-class CachingPool {
- public:
-  explicit CachingPool(size_t bytes) : size_(bytes) { EX_CHECK(cudaMalloc(&slab_, bytes)); }
-  ~CachingPool() { cudaFree(slab_); }
-  // A released block of the same size if there is one (the most recently released), else a new one.
-  void* allocate(size_t bytes) {
-    bytes = (bytes + 255) / 256 * 256;
-    for (size_t i = free_.size(); i-- > 0;) {
-      if (free_[i].bytes == bytes) {
-        void* ptr = free_[i].ptr;
-        free_.erase(free_.begin() + i);
-        return ptr;
-      }
-    }
-    if (top_ + bytes > size_) {
-      std::printf("CHECK FAILED: caching pool of %zu bytes exhausted\n", size_);
-      std::exit(1);
-    }
-    Block block{slab_ + top_, bytes};
-    top_ += bytes;
-    used_.push_back(block);
-    return block.ptr;
-  }
-  void release(void* ptr) {
-    for (const Block& b : used_) {
-      if (b.ptr == ptr) free_.push_back(b);
-    }
-  }
-
- private:
-  struct Block {
-    char* ptr;
-    size_t bytes;
-  };
-  char* slab_ = nullptr;
-  size_t size_ = 0;
-  size_t top_ = 0;
-  std::vector<Block> used_;  // every block ever handed out
-  std::vector<Block> free_;  // released blocks, ready for reuse
-};
 
 // Graph A: a_out = 2 * x (its output, read by the host after the step).
 __global__ void graph_a(const int* x, int* a_out) {

@@ -13,6 +13,7 @@
 // their scratch from graph memory nodes (cudaMallocAsync/cudaFreeAsync in each capture), launched
 // concurrently: CUDA keeps concurrently running graphs on distinct physical memory (or orders
 // them), A 42, B 7.
+#include "caching_pool.h"
 #include "common.h"
 
 #include <cstdlib>
@@ -20,49 +21,6 @@
 
 constexpr long long kUnit = 1800000;  // spin cycles: about 1 ms (common.h)
 constexpr int kA = 42, kB = 7;
-
-// A caching allocator over one slab planned before any capture: it knows when a block is
-// released, not which graphs may still run on it at the same time.
-class CachingPool {
- public:
-  explicit CachingPool(size_t bytes) : size_(bytes) { EX_CHECK(cudaMalloc(&slab_, bytes)); }
-  ~CachingPool() { cudaFree(slab_); }
-  // A released block of the same size if there is one (the most recently released), else a new one.
-  void* allocate(size_t bytes) {
-    bytes = (bytes + 255) / 256 * 256;
-    for (size_t i = free_.size(); i-- > 0;) {
-      if (free_[i].bytes == bytes) {
-        void* ptr = free_[i].ptr;
-        free_.erase(free_.begin() + i);
-        return ptr;
-      }
-    }
-    if (top_ + bytes > size_) {
-      std::printf("CHECK FAILED: caching pool of %zu bytes exhausted\n", size_);
-      std::exit(1);
-    }
-    Block block{slab_ + top_, bytes};
-    top_ += bytes;
-    used_.push_back(block);
-    return block.ptr;
-  }
-  void release(void* ptr) {
-    for (const Block& b : used_) {
-      if (b.ptr == ptr) free_.push_back(b);
-    }
-  }
-
- private:
-  struct Block {
-    char* ptr;
-    size_t bytes;
-  };
-  char* slab_ = nullptr;
-  size_t size_ = 0;
-  size_t top_ = 0;
-  std::vector<Block> used_;
-  std::vector<Block> free_;
-};
 
 __global__ void produce(int* scratch, int value) {
   *scratch = value;

@@ -416,14 +416,8 @@ void LatentFileWriter::commit(const LatentProvenance& provenance) {
     root.reset();
     moments_.reset();
     text_.reset();
-    REPLAY_HDF5_CHECK(H5Fflush(file_.get(), H5F_SCOPE_GLOBAL));
-    file_.reset();
   }
-  std::error_code ec;
-  std::filesystem::rename(temp_path_, path_, ec);
-  if (ec)
-    throw_error("replay", "write failed", "rename", __FILE__, __LINE__,
-                "'" + temp_path_ + "' -> '" + path_ + "': " + ec.message());
+  data::commit_file(file_, temp_path_, path_);
   committed_ = true;
 }
 
