@@ -1,0 +1,194 @@
+// The RNN-T model's hand kernels (workloads/rnnt/rnnt_kernels.h) against CPU references: the
+// int32 fill, the casts, the one-hot rows and the dropout bitwise (the same Philox rule on the
+// host); the joint's broadcast add + ReLU + dropout bitwise, and its backward reductions against
+// an fp64 sum; in fp16 and bf16, with ragged sizes that are not multiples of the block.
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/check.h"
+#include "common/kernels/dropout.h"
+#include "workloads/rnnt/rnnt_kernels.h"
+
+namespace replay::rnnt {
+namespace {
+
+uint16_t bits16(float v, DType t) {
+  if (t == DType::kFP16) {
+    const __half h = __float2half_rn(v);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  }
+  const __nv_bfloat16 h = __float2bfloat16_rn(v);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+float float16(uint16_t b, DType t) {
+  if (t == DType::kFP16) {
+    __half h;
+    std::memcpy(&h, &b, 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 h;
+  std::memcpy(&h, &b, 2);
+  return __bfloat162float(h);
+}
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    REPLAY_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
+  ~Dev() { cudaFree(p); }
+  void up(const std::vector<T>& h) {
+    REPLAY_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> down() const {
+    std::vector<T> h(n);
+    REPLAY_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<uint16_t> random16(size_t n, DType t, uint32_t seed, float lo = -2.0f,
+                               float hi = 2.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = bits16(d(g), t);
+  return v;
+}
+
+bool keep_ref(const PhiloxSlot& s, uint64_t op_offset, uint32_t threshold, int64_t e) {
+  if (threshold == 0) return true;
+  const Philox4 r = philox_block(s.seed, s.offset + op_offset, static_cast<uint64_t>(e) / 4);
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  return w[e % 4] >= threshold;
+}
+
+class RnntKernels : public ::testing::TestWithParam<DType> {};
+
+TEST(RnntKernelsInt, FillAndOneHot) {
+  Dev<int32_t> d(1000);
+  fill_int32(d.p, 77, 1000, nullptr);
+  for (int32_t v : d.down()) ASSERT_EQ(v, 77);
+  const int64_t rows = 37, V = 40;
+  std::vector<int32_t> tok(rows);
+  for (int64_t r = 0; r < rows; ++r) tok[r] = static_cast<int32_t>((r * 7) % 45) - 2;  // some out
+  Dev<int32_t> dt(tok);
+  Dev<uint16_t> out(static_cast<size_t>(rows * V));
+  one_hot(out.p, DType::kFP16, dt.p, rows, V, nullptr);
+  const std::vector<uint16_t> h = out.down();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t want = std::min<int64_t>(std::max<int64_t>(tok[r], 0), V - 1);
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_EQ(h[r * V + v], bits16(v == want ? 1.0f : 0.0f, DType::kFP16)) << r << " " << v;
+  }
+}
+
+TEST_P(RnntKernels, CastsRoundTripAndRoundToNearest) {
+  const DType t = GetParam();
+  const size_t n = 1237;
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> src(n);
+  for (float& x : src) x = d(g);
+  Dev<float> ds(src);
+  Dev<uint16_t> h(n);
+  cast_from_fp32(h.p, t, ds.p, static_cast<int64_t>(n), nullptr);
+  const std::vector<uint16_t> hb = h.down();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(hb[i], bits16(src[i], t)) << i;
+  Dev<float> back(n);
+  cast_to_fp32(back.p, h.p, t, static_cast<int64_t>(n), nullptr);
+  const std::vector<float> bb = back.down();
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(bb[i], float16(hb[i], t)) << i;
+}
+
+TEST_P(RnntKernels, DropoutMatchesTheHostRuleBitwise) {
+  const DType t = GetParam();
+  const int64_t n = 10007;
+  const float p = 0.3f;
+  const PhiloxSlot slot{1234, 56};
+  Dev<PhiloxSlot> ds(std::vector<PhiloxSlot>{slot});
+  const RngArgs rng{ds.p, 9};
+  const std::vector<uint16_t> x = random16(static_cast<size_t>(n), t, 1);
+  Dev<uint16_t> dx(x), out(static_cast<size_t>(n));
+  dropout_forward(out.p, dx.p, t, n, p, rng, nullptr);
+  const std::vector<uint16_t> o = out.down();
+  const uint32_t th = dropout_threshold(p);
+  const float scale = 1.0f / (1.0f - p);
+  int64_t kept = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    const bool k = keep_ref(slot, 9, th, e);
+    kept += k;
+    ASSERT_EQ(o[e], bits16(k ? float16(x[e], t) * scale : 0.0f, t)) << e;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.7, 0.02);
+  // The backward applies the same mask (in place).
+  dropout_backward(dx.p, dx.p, t, n, p, rng, nullptr);
+  EXPECT_EQ(dx.down(), o);
+  // p = 0 is exact and reads no slot.
+  dropout_forward(out.p, dx.p, t, n, 0.0f, RngArgs{}, nullptr);
+  EXPECT_EQ(out.down(), dx.down());
+}
+
+TEST_P(RnntKernels, JointForwardBitwiseAndBackwardAgainstFp64) {
+  const DType t = GetParam();
+  JointShape s;
+  s.batch = 3, s.frames = 7, s.positions = 5, s.hidden = 24;
+  const int64_t B = s.batch, Tn = s.frames, P = s.positions, J = s.hidden;
+  const float p = 0.25f;
+  const PhiloxSlot slot{99, 3};
+  Dev<PhiloxSlot> ds(std::vector<PhiloxSlot>{slot});
+  const RngArgs rng{ds.p, 2};
+  const std::vector<uint16_t> enc = random16(static_cast<size_t>(B * Tn * J), t, 2);
+  const std::vector<uint16_t> pred = random16(static_cast<size_t>(B * P * J), t, 3);
+  const std::vector<uint16_t> dh = random16(static_cast<size_t>(s.elements()), t, 4);
+  Dev<uint16_t> de(enc), dp(pred), h(static_cast<size_t>(s.elements())), ddh(dh);
+  Dev<uint16_t> denc(static_cast<size_t>(B * Tn * J)), dpred(static_cast<size_t>(B * P * J));
+  joint_hidden_forward(h.p, de.p, dp.p, t, s, p, rng, nullptr);
+  joint_hidden_backward(denc.p, dpred.p, ddh.p, de.p, dp.p, t, s, p, rng, nullptr);
+  const std::vector<uint16_t> hh = h.down(), ge = denc.down(), gp = dpred.down();
+  const uint32_t th = dropout_threshold(p);
+  const float scale = 1.0f / (1.0f - p);
+  std::vector<double> re(static_cast<size_t>(B * Tn * J), 0.0),
+      rp(static_cast<size_t>(B * P * J), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t tt = 0; tt < Tn; ++tt)
+      for (int64_t u = 0; u < P; ++u)
+        for (int64_t j = 0; j < J; ++j) {
+          const int64_t e = ((b * Tn + tt) * P + u) * J + j;
+          const float sum =
+              float16(enc[(b * Tn + tt) * J + j], t) + float16(pred[(b * P + u) * J + j], t);
+          const bool k = keep_ref(slot, 2, th, e);
+          const float r = sum > 0.0f ? sum : 0.0f;
+          ASSERT_EQ(hh[e], bits16(k ? r * scale : 0.0f, t)) << e;
+          const double g = (sum > 0.0f && k) ? static_cast<double>(float16(dh[e], t)) * scale : 0;
+          re[(b * Tn + tt) * J + j] += g;
+          rp[(b * P + u) * J + j] += g;
+        }
+  const double rtol = t == DType::kFP16 ? 2e-3 : 1.6e-2;
+  for (size_t i = 0; i < re.size(); ++i)
+    ASSERT_NEAR(float16(ge[i], t), re[i], rtol * std::fabs(re[i]) + 1e-3) << "denc " << i;
+  for (size_t i = 0; i < rp.size(); ++i)
+    ASSERT_NEAR(float16(gp[i], t), rp[i], rtol * std::fabs(rp[i]) + 1e-3) << "dpred " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, RnntKernels, ::testing::Values(DType::kFP16, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace replay::rnnt
