@@ -1,0 +1,151 @@
+// replay-unet's tiny preset on the GPU:
+// - UnetModes: none, layer and full (graph modes with --verify-graphs on step 0) train 6 steps and
+//   give bit-identical losses, fp16 weights and fp32 master weights; layer mode makes one graph
+//   per UNet block forward and backward, full one graph; losses are finite and the weights move.
+//   bf16 (no loss scaling) too, none against full.
+// - UnetOverflow: --overflow-at 2 makes step 2's gradients infinite. In every mode: the weights
+//   after 3 steps equal those of a 2-step run without the fault (exactly that step skipped, no
+//   other), the loss scale printed for step 3 is the initial one and for step 4 half of it, and the
+//   four runs agree bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "train/driver.h"
+#include "workloads/unet/unet_workload.h"
+
+namespace replay::unet {
+namespace {
+
+struct TinyRun {
+  train::RunResult result;
+  std::string output;
+};
+
+TinyRun run_tiny(const std::vector<std::string>& extra) {
+  UnetWorkload w;
+  std::vector<std::string> args = {"--preset", "tiny", "--seed", "4242",           "--warmup",
+                                   "2",        "--lr", "1e-3",   "--warmup-steps", "2"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const std::optional<train::RunFlags> parsed = train::parse(w, args);
+  if (!parsed) throw Error("test", "help", "--help was asked for");
+  const train::RunFlags f = train::resolve(w, *parsed);
+  train::RunOptions options;
+  options.measure_peak = false;
+  std::FILE* out = std::tmpfile();
+  if (out == nullptr) throw Error("test", "tmpfile", "no temporary file");
+  TinyRun r;
+  try {
+    r.result = train::run(w, f, out, options);
+  } catch (...) {
+    std::fclose(out);
+    throw;
+  }
+  std::fflush(out);
+  std::rewind(out);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), out)) > 0;) r.output.append(buf, n);
+  std::fclose(out);
+  std::fputs(r.output.c_str(), stdout);
+  return r;
+}
+
+TinyRun run_mode(const std::string& mode, const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--graphs", mode};
+  if (mode != "none") args.push_back("--verify-graphs");
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run_tiny(args);
+}
+
+void expect_identical(const TinyRun& a, const TinyRun& b, const std::string& what) {
+  const std::vector<float>& la = a.result.report.losses;
+  const std::vector<float>& lb = b.result.report.losses;
+  ASSERT_EQ(la.size(), lb.size()) << what;
+  for (size_t i = 0; i < la.size(); ++i)
+    EXPECT_EQ(std::memcmp(&la[i], &lb[i], sizeof(float)), 0)
+        << what << ": step " << i << " loss " << la[i] << " vs " << lb[i];
+  ASSERT_TRUE(a.result.report.weights_hash && b.result.report.weights_hash);
+  EXPECT_EQ(*a.result.report.weights_hash, *b.result.report.weights_hash)
+      << what << ": 16-bit weights differ";
+  EXPECT_EQ(a.result.master_hash, b.result.master_hash) << what << ": fp32 master weights differ";
+}
+
+// The loss scale each progress line printed (one line per step with --log-interval 1).
+std::vector<double> scales(const std::string& output) {
+  std::vector<double> s;
+  const std::regex line(R"(step +\d+/\d+ .* scale ([0-9.e+]+))");
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it)
+    s.push_back(std::stod((*it)[1].str()));
+  return s;
+}
+
+int tiny_blocks() {
+  // input, down0, down1, mid, up0, up1, out
+  return 3 + 2 * static_cast<int>(preset_config("tiny").mult.size());
+}
+
+TEST(UnetModes, LossesAndWeightsAreBitIdenticalAcrossModes) {
+  const std::vector<std::string> args = {"--steps", "6"};
+  const TinyRun none = run_mode("none", args);
+  ASSERT_EQ(none.result.report.losses.size(), 6u);
+  for (float l : none.result.report.losses) EXPECT_TRUE(std::isfinite(l)) << l;
+  const TinyRun layer = run_mode("layer", args);
+  expect_identical(none, layer, "layer vs none");
+  EXPECT_EQ(layer.result.report.graph_count, 2 * tiny_blocks());
+  const TinyRun full = run_mode("full", args);
+  expect_identical(none, full, "full vs none");
+  EXPECT_EQ(full.result.report.graph_count, 1);
+  EXPECT_GT(full.result.report.graph_nodes, layer.result.report.graph_nodes);
+  // Training moved the weights: a 1-step run ends elsewhere.
+  const TinyRun one = run_mode("none", {"--steps", "1"});
+  EXPECT_NE(one.result.master_hash, none.result.master_hash);
+  EXPECT_EQ(std::memcmp(&one.result.report.losses[0], &none.result.report.losses[0], 4), 0)
+      << "step 0 must see the same batch, noise and weights";
+}
+
+TEST(UnetModes, Bf16IsBitIdenticalAcrossModes) {
+  const std::vector<std::string> args = {"--steps", "4", "--precision", "bf16"};
+  const TinyRun none = run_mode("none", args);
+  const TinyRun full = run_mode("full", args);
+  expect_identical(none, full, "bf16 full vs none");
+  EXPECT_EQ(scales(none.output).size(), 0u) << "bf16 runs print no loss scale";
+}
+
+TEST(UnetOverflow, SkipsExactlyThatStepInEveryModeAndHalvesTheScale) {
+  std::optional<TinyRun> first;
+  for (const std::string mode : {"none", "layer", "full"}) {
+    SCOPED_TRACE(mode);
+    const TinyRun fault =
+        run_mode(mode, {"--steps", "4", "--overflow-at", "2", "--log-interval", "1"});
+    const TinyRun three = run_mode(mode, {"--steps", "3", "--overflow-at", "2"});
+    const TinyRun two = run_mode(mode, {"--steps", "2"});
+    // Step 2 changed nothing: 3 steps with the fault end where 2 clean steps end.
+    EXPECT_EQ(three.result.master_hash, two.result.master_hash);
+    EXPECT_EQ(*three.result.report.weights_hash, *two.result.report.weights_hash);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(std::memcmp(&three.result.report.losses[i], &two.result.report.losses[i], 4), 0);
+    // Step 3 trains again from those weights: the 4-step run moved past them.
+    EXPECT_NE(fault.result.master_hash, two.result.master_hash);
+    const std::vector<double> s = scales(fault.output);
+    ASSERT_EQ(s.size(), 4u) << fault.output;
+    EXPECT_EQ(s[0], 65536.0);
+    EXPECT_EQ(s[1], 65536.0);
+    EXPECT_EQ(s[2], 65536.0);  // the scale step 2 ran with; its overflow halves it
+    EXPECT_EQ(s[3], 32768.0);
+    if (!first) {
+      first = fault;
+    } else {
+      expect_identical(*first, fault, mode + " vs none, with the overflow");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace replay::unet

@@ -1,0 +1,127 @@
+// unet_model.h: the Stable Diffusion v2 UNet (issue 28) as a train::Model: the diffusers
+// UNet2DConditionModel structure (SD2's configuration: base 320 with multipliers 1, 2, 4, 4, two
+// residual blocks per level, GroupNorm with 16 groups, spatial transformers with linear
+// projections at every level but the last and in the middle, 64 channels per head, cross-attention
+// to a 77 x 1024 context, GEGLU feed-forward, strided-convolution downsampling, nearest-neighbour
+// upsampling then a convolution, concatenated skips), trained on the diffusion objective
+// (diffusion.h: latents sampled from VAE moments, Philox noise and timesteps, v-prediction, MSE).
+//
+// How the step is built. The model is a list of nodes (a convolution, a GroupNorm, a linear layer,
+// an attention, ...), each with a forward and a backward, over named tensors. From that list the
+// model derives, at set-up and never during a step:
+//   - every activation and gradient buffer with its lifetime in the step's phases (a block's
+//     forward, the loss, a block's backward), so the arena shares memory between buffers that are
+//     never live together (gradients are transient; activations live until their block's
+//     backward);
+//   - for each gradient, whether a node writes it or adds to it (a tensor read by several nodes:
+//     the residual stream, the skips, the shared SiLU of the timestep embedding);
+//   - the regions: one per UNet block forward ("down1.fwd") and backward ("down1.bwd"), and the
+//     loss region between them; each lists the tensors and parameters it reads and writes.
+// The trainer appends the optimizer; `layer` mode makes each block region a graph, `full` the whole
+// step.
+//
+// Blocks: input (noise and timestep sampling, the timestep embedding's MLP, conv_in), down0 ..
+// down{L-1}, mid, up0 .. up{L-1}, out (GroupNorm+SiLU, conv_out), and the loss. SD2: 11 blocks.
+//
+// Numerics: 16-bit weights and activations (fp16 by default, bf16 with --precision bf16), fp32
+// master weights and gradients, fp32 accumulation everywhere; GroupNorm and LayerNorm (GroupNorm
+// with one group over one token's channels) in fp32 math; attention in cuDNN's fp32 softmax. Every
+// kernel and library call is deterministic (conv.h, gemm.h, attention.h, group_norm.h), so a step
+// is bit-identical eager or captured.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/context.h"
+#include "common/tensor.h"
+#include "train/model.h"
+#include "workloads/unet/latent_file.h"
+
+namespace replay::unet {
+
+struct UnetConfig {
+  int64_t batch = 32;           // images per step (per GPU)
+  int64_t latent = 64;          // latent height = width
+  int64_t latent_channels = 4;  // in and out channels
+  int64_t base = 320;           // channels of level 0 (and the timestep embedding's sinusoid)
+  std::vector<int64_t> mult{1, 2, 4, 4};
+  std::vector<bool> attention{true, true, true, false};  // spatial transformers per level
+  int res_blocks = 2;        // residual blocks per down level (the up levels have one more)
+  int groups = 16;           // GroupNorm groups
+  int head_dim = 64;         // channels per attention head
+  int64_t context_len = 77;  // text tokens
+  int64_t context_dim = 1024;
+  DType dtype = DType::kFP16;
+
+  int levels() const { return static_cast<int>(mult.size()); }
+  int64_t channels(int level) const { return base * mult[static_cast<size_t>(level)]; }
+  int64_t time_dim() const { return 4 * base; }
+  // Throws Error naming the field that the kernels or the structure cannot take.
+  void validate() const;
+  std::string describe() const;
+};
+
+// The data of a run: the training split in pinned host memory (moments and text embeddings as fp16
+// bits), read once at set-up from a latent file; batch p is samples [p * B, p * B + B) modulo the
+// split (the order wraps around).
+struct UnetData {
+  LatentFileInfo info;
+  int64_t samples = 0;  // training samples held
+  std::vector<uint16_t> moments, text;
+};
+
+// The network's structure without a GPU (no plans): parameter count and names in ParamStore order
+// (diffusers' names, with attn1's to_q, to_k and to_v fused into to_qkv), blocks, nodes and the
+// model FLOPs of a step.
+struct UnetStructure {
+  int64_t parameters = 0;
+  int blocks = 0, nodes = 0;
+  double flops_per_step = 0;
+  std::vector<std::string> parameter_names;
+};
+UnetStructure unet_structure(const UnetConfig& config);
+
+class UnetModel : public train::Model {
+ public:
+  // --overflow-at: the step (0-based, counted from the first timed step) whose loss gradient is
+  // made infinite; -1: none.
+  UnetModel(const Context& ctx, const UnetConfig& config, std::shared_ptr<const UnetData> data,
+            int64_t overflow_at);
+  ~UnetModel() override;
+
+  std::string describe() const override;
+  train::ParamStore& params() override;
+  const train::ParamStore& params() const override;
+  void plan(ArenaPlan& plan) override;
+  void bind(const Arena& arena) override;
+  void initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) override;
+  void register_rng(graphs::RngTracker& rng) override;
+  std::vector<graphs::Region> regions() override;
+  int load_batch(cudaStream_t stream) override;
+  int64_t data_position() const override;
+  void seek_data(int64_t position) override;
+  std::vector<NamedTensor> batch_tensors() const override;
+
+  double flops_per_step() const override;
+  std::string flops_formula() const override;
+  double units_per_step() const override;
+  double samples_per_step() const override;
+  double loss_floor() const override;
+
+  // For reports and tests.
+  int block_count() const;
+  int64_t parameter_count() const;
+  std::string plan_summary() const;  // convolution and attention plans, engines
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace replay::unet
