@@ -282,3 +282,213 @@ void joint_hidden_backward(void* denc, void* dpred, const void* dh, const void* 
 }
 
 }  // namespace replay::rnnt
+
+// ---- Greedy decoding ---------------------------------------------------------------------------
+
+namespace replay::rnnt {
+namespace {
+
+// One block: flag = any active[b].
+__global__ void any_active_kernel(int32_t* flag, const int32_t* active, int64_t B) {
+  __shared__ int32_t any;
+  if (threadIdx.x == 0) any = 0;
+  __syncthreads();
+  int32_t mine = 0;
+  for (int64_t b = threadIdx.x; b < B; b += blockDim.x) mine |= active[b];
+  if (mine) atomicOr(&any, 1);  // an integer OR: the result does not depend on the order
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = any;
+}
+
+template <typename T>
+__global__ void decode_init_kernel(DecodeState st, T* h, T* c, const int32_t* frame_lengths,
+                                   DecodeShape s) {
+  const int64_t n = s.layers * s.batch * s.hidden;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    h[i] = from_f<T>(0.0f);
+    c[i] = from_f<T>(0.0f);
+    if (i < s.batch) {
+      st.label[i] = s.blank;
+      st.frame[i] = 0;
+      st.at_frame[i] = 0;
+      st.lengths[i] = 0;
+      st.active[i] = frame_lengths[i] > 0 ? 1 : 0;
+    }
+  }
+}
+
+template <typename T>
+__global__ void decode_embed_kernel(T* x, const T* table, const int32_t* label, int64_t B,
+                                    int64_t V, int64_t C) {
+  const int64_t n = B * C;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / C, ch = i % C;
+    const int64_t v = min(max(static_cast<int64_t>(label[b]), int64_t{0}), V - 1);
+    x[i] = table[v * C + ch];
+  }
+}
+
+template <typename T>
+__global__ void decode_joint_kernel(T* hj, const T* enc, const T* q, const int32_t* frame,
+                                    int64_t B, int64_t Tn, int64_t J) {
+  const int64_t n = B * J;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i / J, j = i % J;
+    const int64_t t = min(max(static_cast<int64_t>(frame[b]), int64_t{0}), Tn - 1);
+    const float s = to_f(enc[(b * Tn + t) * J + j]) + to_f(q[i]);
+    hj[i] = from_f<T>(s > 0.0f ? s : 0.0f);
+  }
+}
+
+// One block per utterance.
+template <typename T>
+__global__ void decode_update_kernel(DecodeState st, const T* logits, T* h, T* c, const T* hy,
+                                     const T* cy, const int32_t* frame_lengths, DecodeShape s) {
+  const int64_t b = blockIdx.x;
+  __shared__ float best_v[256];
+  __shared__ int32_t best_i[256];
+  __shared__ int32_t emit;
+  if (!st.active[b]) return;  // uniform over the block
+  float bv = -INFINITY;
+  int32_t bi = INT32_MAX;
+  for (int64_t v = threadIdx.x; v < s.vocab; v += blockDim.x) {
+    const float x = to_f(logits[b * s.vocab + v]);
+    if (x > bv || (x == bv && v < bi)) {
+      bv = x;
+      bi = static_cast<int32_t>(v);
+    }
+  }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) {
+      const float ov = best_v[threadIdx.x + k];
+      const int32_t oi = best_i[threadIdx.x + k];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    int32_t k = best_i[0];
+    if (k == INT32_MAX) k = s.blank;  // every logit NaN: treat as blank
+    int32_t t = st.frame[b], at = st.at_frame[b], len = st.lengths[b];
+    int32_t e = 0;
+    if (k == s.blank) {
+      t += 1;
+      at = 0;
+    } else {
+      e = 1;
+      st.tokens[b * s.max_symbols + len] = k;
+      len += 1;
+      st.label[b] = k;
+      at += 1;
+      if (at >= s.max_per_frame) {
+        t += 1;
+        at = 0;
+      }
+    }
+    st.frame[b] = t;
+    st.at_frame[b] = at;
+    st.lengths[b] = len;
+    if (t >= frame_lengths[b] || len >= s.max_symbols) st.active[b] = 0;
+    emit = e;
+  }
+  __syncthreads();
+  if (!emit) return;
+  for (int64_t l = 0; l < s.layers; ++l)
+    for (int64_t j = threadIdx.x; j < s.hidden; j += blockDim.x) {
+      const int64_t i = (l * s.batch + b) * s.hidden + j;
+      h[i] = hy[i];
+      c[i] = cy[i];
+    }
+}
+
+__global__ void decode_store_kernel(int32_t* out_tokens, int32_t* out_lengths,
+                                    const int32_t* counter, int64_t slots, DecodeState st,
+                                    int64_t B, int64_t S) {
+  const int64_t slot = static_cast<int64_t>(*counter) % slots;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < B * S;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out_tokens[slot * B * S + i] = st.tokens[i];
+    if (i < B) out_lengths[slot * B + i] = st.lengths[i];
+  }
+}
+
+__global__ void increment_kernel(int32_t* counter) {
+  *counter += 1;
+}
+
+}  // namespace
+
+void decode_init(const DecodeState& st, void* h, void* c, DType type, const int32_t* frame_lengths,
+                 const DecodeShape& shape, cudaStream_t stream) {
+  const int64_t n = std::max(shape.layers * shape.batch * shape.hidden, shape.batch);
+  REPLAY_REQUIRE(shape.layers * shape.hidden >= 1, "decode_init: empty LSTM state");
+  dispatch16(type, "decode_init", [&](auto tag) {
+    using T = decltype(tag);
+    decode_init_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        st, static_cast<T*>(h), static_cast<T*>(c), frame_lengths, shape);
+  });
+  REPLAY_LAUNCH_CHECK();
+  any_active_kernel<<<1, 256, 0, stream>>>(st.flag, st.active, shape.batch);
+  REPLAY_LAUNCH_CHECK();
+}
+
+void decode_embed(void* x, const void* table, const int32_t* label, DType type,
+                  const DecodeShape& shape, int64_t channels, cudaStream_t stream) {
+  dispatch16(type, "decode_embed", [&](auto tag) {
+    using T = decltype(tag);
+    decode_embed_kernel<T><<<blocks_for(shape.batch * channels), kThreads, 0, stream>>>(
+        static_cast<T*>(x), static_cast<const T*>(table), label, shape.batch, shape.vocab,
+        channels);
+  });
+  REPLAY_LAUNCH_CHECK();
+}
+
+void decode_joint(void* hj, const void* enc, const void* q, const int32_t* frame, DType type,
+                  int64_t batch, int64_t frames, int64_t hidden, cudaStream_t stream) {
+  REPLAY_REQUIRE(frames >= 1, "decode_joint: no frames");
+  dispatch16(type, "decode_joint", [&](auto tag) {
+    using T = decltype(tag);
+    decode_joint_kernel<T><<<blocks_for(batch * hidden), kThreads, 0, stream>>>(
+        static_cast<T*>(hj), static_cast<const T*>(enc), static_cast<const T*>(q), frame, batch,
+        frames, hidden);
+  });
+  REPLAY_LAUNCH_CHECK();
+}
+
+void decode_update(const DecodeState& st, const void* logits, void* h, void* c, const void* hy,
+                   const void* cy, DType type, const int32_t* frame_lengths,
+                   const DecodeShape& shape, cudaStream_t stream) {
+  REPLAY_REQUIRE(shape.max_symbols >= 1 && shape.max_per_frame >= 1,
+                 "decode_update: symbol limits must be >= 1");
+  dispatch16(type, "decode_update", [&](auto tag) {
+    using T = decltype(tag);
+    decode_update_kernel<T><<<static_cast<unsigned>(shape.batch), 256, 0, stream>>>(
+        st, static_cast<const T*>(logits), static_cast<T*>(h), static_cast<T*>(c),
+        static_cast<const T*>(hy), static_cast<const T*>(cy), frame_lengths, shape);
+  });
+  REPLAY_LAUNCH_CHECK();
+  any_active_kernel<<<1, 256, 0, stream>>>(st.flag, st.active, shape.batch);
+  REPLAY_LAUNCH_CHECK();
+}
+
+void decode_store(int32_t* out_tokens, int32_t* out_lengths, int32_t* counter, int64_t slots,
+                  const DecodeState& st, const DecodeShape& shape, cudaStream_t stream) {
+  REPLAY_REQUIRE(slots >= 1, "decode_store: no slots");
+  const int64_t n = shape.batch * shape.max_symbols;
+  decode_store_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+      out_tokens, out_lengths, counter, slots, st, shape.batch, shape.max_symbols);
+  REPLAY_LAUNCH_CHECK();
+  increment_kernel<<<1, 1, 0, stream>>>(counter);
+  REPLAY_LAUNCH_CHECK();
+}
+
+}  // namespace replay::rnnt

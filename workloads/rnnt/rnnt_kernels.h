@@ -61,3 +61,49 @@ void joint_hidden_backward(void* denc, void* dpred, const void* dh, const void* 
                            RngArgs rng, cudaStream_t stream);
 
 }  // namespace replay::rnnt
+
+namespace replay::rnnt {
+
+// ---- Greedy decoding (MLPerf's RNN-T greedy decoder, batched) -----------------------------------
+// Per utterance b: the last emitted label (the blank at the start), the prediction network's
+// state, the frame t, the symbols emitted at this frame and in all. One decode step: the
+// prediction network on the last label (from the committed state), the joint at frame t, the
+// argmax k; then k == blank advances t, any other k is emitted (the label and the new state
+// committed) and after max_per_frame symbols at one frame t advances anyway; an utterance is done
+// at t == T_b or after max_symbols symbols. The step repeats while any utterance is active.
+struct DecodeState {
+  int32_t* label = nullptr;     // [B]
+  int32_t* frame = nullptr;     // [B]
+  int32_t* at_frame = nullptr;  // [B] symbols emitted at the current frame
+  int32_t* active = nullptr;    // [B] 1 while decoding
+  int32_t* flag = nullptr;      // [1] 1 while any utterance is active (the WHILE condition)
+  int32_t* tokens = nullptr;    // [B, max_symbols] emitted labels
+  int32_t* lengths = nullptr;   // [B] labels emitted
+};
+struct DecodeShape {
+  int64_t batch = 0, vocab = 0, layers = 0, hidden = 0;  // B, V, the prediction LSTM's L and H
+  int32_t blank = 0;
+  int32_t max_per_frame = 30;
+  int32_t max_symbols = 300;
+};
+// Resets the state for a batch with frame_lengths [B] (an utterance of 0 frames is done at once)
+// and zeroes the committed LSTM state h, c [L, B, H].
+void decode_init(const DecodeState& st, void* h, void* c, DType type, const int32_t* frame_lengths,
+                 const DecodeShape& shape, cudaStream_t stream);
+// x[b, :] = table[label[b], :] (the prediction network's input: the embedding row of the label).
+void decode_embed(void* x, const void* table, const int32_t* label, DType type,
+                  const DecodeShape& shape, int64_t channels, cudaStream_t stream);
+// hj[b, :] = relu(enc[b, min(frame[b], T - 1), :] + q[b, :]); enc [B, T, J], q [B, J].
+void decode_joint(void* hj, const void* enc, const void* q, const int32_t* frame, DType type,
+                  int64_t batch, int64_t frames, int64_t hidden, cudaStream_t stream);
+// The argmax of logits [B, V] (the lowest index among equal maxima), the state update above, the
+// new LSTM state hy, cy committed into h, c for the utterances that emitted, and the flag.
+void decode_update(const DecodeState& st, const void* logits, void* h, void* c, const void* hy,
+                   const void* cy, DType type, const int32_t* frame_lengths,
+                   const DecodeShape& shape, cudaStream_t stream);
+// Copies tokens and lengths into slot (*counter mod slots) of out_tokens [slots, B, max_symbols]
+// and out_lengths [slots, B], then increments *counter.
+void decode_store(int32_t* out_tokens, int32_t* out_lengths, int32_t* counter, int64_t slots,
+                  const DecodeState& st, const DecodeShape& shape, cudaStream_t stream);
+
+}  // namespace replay::rnnt

@@ -12,6 +12,7 @@
 #include "common/kernels/accumulate.h"
 #include "workloads/rnnt/rnnt_kernels.h"
 #include "workloads/rnnt/transducer.h"
+#include "workloads/rnnt/wer.h"
 
 namespace replay::rnnt {
 
@@ -92,7 +93,16 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   sampler_ = std::make_unique<SpeechSampler>(data_.file->frame_lengths(), 0, info.num_train(),
                                              data_.sampler);
 
-  int64_t T = 0, U = 0;
+  // The held-out split's shape: its longest utterance, frames rounded up to even.
+  int64_t eval_frames = 2, eval_labels = 1;
+  for (int64_t i = info.num_train(); i < info.num_utterances; ++i) {
+    eval_frames = std::max<int64_t>(eval_frames, data_.file->frame_length(i));
+    eval_labels = std::max<int64_t>(eval_labels, data_.file->label_length(i));
+  }
+  eval_ = dims(Rung{(eval_frames + 1) / 2 * 2, eval_labels});
+  eval_batches_ = std::max<int64_t>(1, (info.num_eval + shape_.batch - 1) / shape_.batch);
+
+  int64_t T = eval_.T, U = eval_.U;
   for (const Rung& r : data_.batching.shapes) {
     T = std::max(T, r.max_frames);
     U = std::max(U, r.max_labels);
@@ -116,6 +126,16 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   embed_ = params_.add(
       spec("prediction.embed.weight", {shape_.vocab, Hp}, train::ParamInit::kNormal, 1.0f, true));
   make(pred_rnn_, Hp, Hp, shape_.pred_layers, U + 1, "prediction.dec_rnn");
+  {
+    LstmDesc d = pred_rnn_.plan->desc();
+    d.max_seq = 1;
+    pred_step_ = std::make_unique<LstmPlan>(ctx_, d);
+    REPLAY_REQUIRE(pred_step_->weight_bytes() == pred_rnn_.plan->weight_bytes(),
+                   "RNN-T: the one-step prediction LSTM's weight space differs");
+    lstm_ws_bytes_ = std::max(lstm_ws_bytes_, pred_step_->workspace_bytes());
+    ones_.assign(static_cast<size_t>(B), 1);
+  }
+  cond_ = std::make_unique<graphs::Conditionals>();
   auto linear = [&](const std::string& name, int64_t in, int64_t out) {
     Linear l;
     l.weight =
@@ -138,6 +158,8 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ints_),
                                   host_ints_count_ * sizeof(int32_t), cudaHostAllocDefault));
   REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  REPLAY_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t), cudaHostAllocDefault));
   indices_.resize(static_cast<size_t>(B));
   frame_len_.resize(static_cast<size_t>(B));
   host_label_len_.resize(static_cast<size_t>(B));
@@ -149,6 +171,7 @@ RnntModel::~RnntModel() {
   if (copied_) cudaEventDestroy(copied_);
   if (host_x_) cudaFreeHost(host_x_);
   if (host_ints_) cudaFreeHost(host_ints_);
+  if (host_flag_) cudaFreeHost(host_flag_);
 }
 
 RnntModel::Dims RnntModel::dims(const Rung& r) const {
@@ -184,6 +207,9 @@ GemmDesc RnntModel::linear_wgrad(int64_t tokens, int64_t in, int64_t out, bool a
 void RnntModel::plan_gemms() {
   const int64_t B = shape_.batch, H = shape_.enc_hidden, Hp = shape_.pred_hidden,
                 J = shape_.joint_hidden, V = shape_.vocab;
+  gemms_->get(linear_forward(B * eval_.Te, H, J));  // evaluation: the encoder's projection,
+  gemms_->get(linear_forward(B, Hp, J));            // and the joint of one decode step
+  gemms_->get(linear_forward(B, J, V));
   for (const Rung& r : data_.batching.shapes) {
     const Dims d = dims(r);
     GemmDesc emb;  // emb [B P, Hp] = onehot [B P, V] E [V, Hp]
@@ -259,7 +285,7 @@ size_t RnntModel::activation_bytes(int key) const {
 }
 
 void RnntModel::plan(ArenaPlan& plan) {
-  int64_t T = 0, U = 0, lattice = 0;
+  int64_t T = eval_.T, U = eval_.U, lattice = 0;
   size_t loss_ws = 0;
   const int64_t B = shape_.batch, H = shape_.enc_hidden, Hp = shape_.pred_hidden,
                 J = shape_.joint_hidden, V = shape_.vocab, F = shape_.feature_dim;
@@ -274,6 +300,21 @@ void RnntModel::plan(ArenaPlan& plan) {
   const int64_t Te = T / 2, P = U + 1;
   const DType dt = shape_.dtype;
   params_.plan(plan, {2, 2});
+  // Greedy decoding's state and the held-out hypotheses.
+  const int64_t L = shape_.pred_layers, S = decode_shape().max_symbols;
+  for (void** p : {&dec_h_, &dec_c_, &dec_hy_, &dec_cy_})
+    add(plan, p, "decode.state", dt, L * B * Hp);
+  add(plan, &dec_x_, "decode.x", dt, B * Hp);
+  add(plan, &dec_y_, "decode.y", dt, B * Hp);
+  add(plan, &dec_q_, "decode.q", dt, B * J);
+  add(plan, &dec_hj_, "decode.hj", dt, B * J);
+  add(plan, &dec_logits_, "decode.logits", dt, B * V);
+  add(plan, &dec_ints_, "decode.ints", DType::kINT32, 5 * B + 1);
+  add(plan, &dec_tokens_, "decode.tokens", DType::kINT32, B * S);
+  add(plan, &dec_lengths_, "decode.lengths", DType::kINT32, B);
+  add(plan, &eval_tokens_, "eval.tokens", DType::kINT32, eval_batches_ * B * S);
+  add(plan, &eval_lens_, "eval.lengths", DType::kINT32, eval_batches_ * B);
+  add(plan, &eval_counter_, "eval.counter", DType::kINT32, 1);
   add(plan, &x_, "x", dt, B * T * F);
   add(plan, &dx_, "dx", dt, B * T * F);
   add(plan, &y1_, "enc_pre.y", dt, B * T * H);
@@ -310,11 +351,21 @@ void RnntModel::plan(ArenaPlan& plan) {
     add(plan, reinterpret_cast<void**>(&st->lengths), n + ".lengths", DType::kINT32, B);
     st->reserve_bytes = st->plan->reserve_bytes();
   }
+  add(plan, reinterpret_cast<void**>(&step_lengths_), "decode.lstm_lengths", DType::kINT32, B);
 }
 
 void RnntModel::bind(const Arena& arena) {
   params_.bind(arena);
   for (const Buffer& b : buffers_) *b.ptr = arena.data(b.id);
+  int32_t* ints = static_cast<int32_t*>(dec_ints_);
+  const int64_t B = shape_.batch;
+  dec_.label = ints;
+  dec_.frame = ints + B;
+  dec_.at_frame = ints + 2 * B;
+  dec_.active = ints + 3 * B;
+  dec_.flag = ints + 5 * B;
+  dec_.tokens = static_cast<int32_t*>(dec_tokens_);
+  dec_.lengths = static_cast<int32_t*>(dec_lengths_);
 }
 
 void RnntModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) {
@@ -334,6 +385,7 @@ void RnntModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t 
     st->plan->check_weight_layout(ctx_, params_.weight(st->param));
     base += 1000000;
   }
+  pred_step_->check_weight_layout(ctx_, params_.weight(pred_rnn_.param));
   // Defined bytes in the inputs before the first batch (warm-up at a shape larger than the first
   // batch's reads past what it loaded).
   for (const Buffer& b : buffers_)
@@ -729,6 +781,217 @@ int RnntModel::load_batch(cudaStream_t stream) {
 void RnntModel::seek_data(int64_t position) {
   REPLAY_REQUIRE(position >= 0, "RnntModel::seek_data: negative position");
   next_batch_ = position;
+}
+
+// ---- Evaluation: greedy decoding ---------------------------------------------------------------
+
+DecodeShape RnntModel::decode_shape() const {
+  DecodeShape d;
+  d.batch = shape_.batch, d.vocab = shape_.vocab, d.layers = shape_.pred_layers;
+  d.hidden = shape_.pred_hidden, d.blank = shape_.blank();
+  return d;  // MLPerf's limits: 30 symbols a frame, 300 an utterance
+}
+
+std::optional<train::EvalInfo> RnntModel::evaluation() const {
+  train::EvalInfo e;
+  e.metric = "wer";
+  e.higher_is_better = false;
+  e.samples_per_batch = shape_.batch;
+  // Whole batches of the held-out split (the last one's empty slots count as samples).
+  e.default_samples = eval_batches_ * shape_.batch;
+  e.available_samples = eval_batches_ * shape_.batch;
+  return e;
+}
+
+void RnntModel::eval_encoder(cudaStream_t s) {
+  // No dropout: the stacked pre-network output feeds the post network directly.
+  auto infer = [&](Stack& st, int64_t seq, const void* x, void* y) {
+    std::fill(st.host_lengths.begin(), st.host_lengths.end(), static_cast<int32_t>(seq));
+    st.plan->set_lengths(st.host_lengths.data(), seq);
+    fill_int32(st.lengths, static_cast<int32_t>(seq), shape_.batch, s);
+    LstmForwardArgs a;
+    a.lengths = st.lengths, a.x = x, a.weights = params_.weight(st.param), a.y = y;
+    st.plan->forward(ctx_, s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr, 0);
+  };
+  infer(enc_pre_, eval_.T, x_, y1_);
+  infer(enc_post_, eval_.Te, y1_, y2_);
+  GemmArgs fe;
+  fe.a = y2_, fe.b = params_.weight(enc_proj_.weight), fe.d = e_;
+  fe.bias = params_.weight(enc_proj_.bias);
+  gemm(linear_forward(shape_.batch * eval_.Te, shape_.enc_hidden, shape_.joint_hidden), fe, s);
+}
+
+void RnntModel::decode_step(cudaStream_t s) {
+  const DecodeShape ds = decode_shape();
+  const int64_t B = shape_.batch, Hp = shape_.pred_hidden, J = shape_.joint_hidden,
+                V = shape_.vocab;
+  const DType dt = shape_.dtype;
+  decode_embed(dec_x_, params_.weight(embed_), dec_.label, dt, ds, Hp, s);
+  pred_step_->set_lengths(ones_.data(), 1);
+  fill_int32(step_lengths_, 1, B, s);
+  LstmForwardArgs a;
+  a.lengths = step_lengths_, a.x = dec_x_, a.hx = dec_h_, a.cx = dec_c_;
+  a.weights = params_.weight(pred_rnn_.param), a.y = dec_y_, a.hy = dec_hy_, a.cy = dec_cy_;
+  pred_step_->forward(ctx_, s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr, 0);
+  GemmArgs q;
+  q.a = dec_y_, q.b = params_.weight(pred_proj_.weight), q.d = dec_q_;
+  q.bias = params_.weight(pred_proj_.bias);
+  gemm(linear_forward(B, Hp, J), q, s);
+  decode_joint(dec_hj_, e_, dec_q_, dec_.frame, dt, B, eval_.Te, J, s);
+  GemmArgs o;
+  o.a = dec_hj_, o.b = params_.weight(out_.weight), o.d = dec_logits_;
+  o.bias = params_.weight(out_.bias);
+  gemm(linear_forward(B, J, V), o, s);
+  decode_update(dec_, dec_logits_, dec_h_, dec_c_, dec_hy_, dec_cy_, dt,
+                static_cast<const int32_t*>(enc_len_), ds, s);
+}
+
+void RnntModel::eval_decode(cudaStream_t s) {
+  const DecodeShape ds = decode_shape();
+  decode_init(dec_, dec_h_, dec_c_, shape_.dtype, static_cast<const int32_t*>(enc_len_), ds, s);
+  if (data_.decoder == DecoderKind::kHost) {
+    // The eager reference: one step, then the host reads the flag (a sync per step). Every step
+    // advances a frame or emits a symbol, so T' x (max_per_frame + 1) steps bound the loop.
+    const int64_t bound = eval_.Te * (ds.max_per_frame + 1) + 1;
+    for (int64_t i = 0; i < bound; ++i) {
+      decode_step(s);
+      REPLAY_CUDA_CHECK(
+          cudaMemcpyAsync(host_flag_, dec_.flag, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+      REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (*host_flag_ == 0) break;
+    }
+  } else {
+    cond_->while_nonzero(s, "rnnt.greedy_decode", dec_.flag,
+                         [this](cudaStream_t body) { decode_step(body); });
+  }
+  decode_store(static_cast<int32_t*>(eval_tokens_), static_cast<int32_t*>(eval_lens_),
+               static_cast<int32_t*>(eval_counter_), eval_batches_, dec_, ds, s);
+}
+
+std::vector<graphs::Region> RnntModel::eval_regions() {
+  using graphs::Region;
+  using graphs::RegionArgs;
+  const DType dt = shape_.dtype;
+  const int64_t B = shape_.batch, H = shape_.enc_hidden, J = shape_.joint_hidden;
+  std::vector<Region> out;
+  Region enc;
+  enc.name = "eval.encoder";
+  enc.kind = graphs::RegionKind::kForwardLayer;
+  enc.enqueue = [this](cudaStream_t s, const RegionArgs&) { eval_encoder(s); };
+  enc.args = [=] {
+    return RegionArgs()
+        .read("x", TensorView(x_, dt, {B, eval_.T, shape_.feature_dim}))
+        .read("params", params_.weights())
+        .write("enc_pre.lengths", TensorView(enc_pre_.lengths, DType::kINT32, {B}))
+        .write("enc_post.lengths", TensorView(enc_post_.lengths, DType::kINT32, {B}))
+        .write("y1", TensorView(y1_, dt, {B, eval_.T, H}))
+        .write("y2", TensorView(y2_, dt, {B, eval_.Te, H}))
+        .write("e", TensorView(e_, dt, {B, eval_.Te, J}));
+  };
+  out.push_back(std::move(enc));
+  Region dec;
+  dec.name = "eval.decode";
+  dec.kind = graphs::RegionKind::kOther;
+  dec.graphable = data_.decoder == DecoderKind::kWhile;
+  dec.enqueue = [this](cudaStream_t s, const RegionArgs&) { eval_decode(s); };
+  dec.args = [=] {
+    const int64_t L = shape_.pred_layers, Hp = shape_.pred_hidden, S = decode_shape().max_symbols;
+    return RegionArgs()
+        .read("e", TensorView(e_, dt, {B, eval_.Te, J}))
+        .read("enc_lengths", TensorView(enc_len_, DType::kINT32, {B}))
+        .read("params", params_.weights())
+        .write("state.h", TensorView(dec_h_, dt, {L, B, Hp}))
+        .write("state.c", TensorView(dec_c_, dt, {L, B, Hp}))
+        .write("state.hy", TensorView(dec_hy_, dt, {L, B, Hp}))
+        .write("state.cy", TensorView(dec_cy_, dt, {L, B, Hp}))
+        .write("x", TensorView(dec_x_, dt, {B, Hp}))
+        .write("y", TensorView(dec_y_, dt, {B, Hp}))
+        .write("q", TensorView(dec_q_, dt, {B, J}))
+        .write("hj", TensorView(dec_hj_, dt, {B, J}))
+        .write("logits", TensorView(dec_logits_, dt, {B, shape_.vocab}))
+        .write("ints", TensorView(dec_ints_, DType::kINT32, {5 * B + 1}))
+        .write("tokens", TensorView(dec_tokens_, DType::kINT32, {B, S}))
+        .write("lengths", TensorView(dec_lengths_, DType::kINT32, {B}))
+        .write("lstm_lengths", TensorView(step_lengths_, DType::kINT32, {B}))
+        .read_write("eval.tokens", TensorView(eval_tokens_, DType::kINT32, {eval_batches_, B, S}))
+        .read_write("eval.lengths", TensorView(eval_lens_, DType::kINT32, {eval_batches_, B}))
+        .read_write("eval.counter", TensorView(eval_counter_, DType::kINT32, {1}));
+  };
+  out.push_back(std::move(dec));
+  return out;
+}
+
+void RnntModel::begin_eval(cudaStream_t stream) {
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(eval_counter_, 0, sizeof(int32_t), stream));
+  next_eval_ = 0;
+  evaluated_ = 0;
+}
+
+void RnntModel::load_eval_batch(cudaStream_t stream) {
+  const SpeechFileInfo& info = data_.file->info();
+  const int64_t B = shape_.batch;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t i = info.num_train() + next_eval_ * B + b;
+    indices_[static_cast<size_t>(b)] = i < info.num_utterances ? i : -1;
+  }
+  REPLAY_CUDA_CHECK(cudaEventSynchronize(copied_));
+  PaddedBatchRef ref;
+  ref.features = host_x_;
+  ref.frame_lengths = frame_len_.data();
+  ref.labels = labels_tmp_.data();
+  ref.label_lengths = host_label_len_.data();
+  data_.file->read_batch(indices_.data(), B, eval_.T, eval_.U, feature_type(shape_.dtype), ref);
+  int32_t* enc_len = host_ints_;
+  for (int64_t b = 0; b < B; ++b) enc_len[b] = (frame_len_[static_cast<size_t>(b)] + 1) / 2;
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(
+      x_, host_x_, static_cast<size_t>(B * eval_.T * shape_.feature_dim) * dtype_size(shape_.dtype),
+      cudaMemcpyHostToDevice, stream));
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(enc_len_, enc_len, static_cast<size_t>(B) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, stream));
+  REPLAY_CUDA_CHECK(cudaEventRecord(copied_, stream));
+  next_eval_ = (next_eval_ + 1) % eval_batches_;
+  evaluated_ += 1;
+}
+
+double RnntModel::end_eval(cudaStream_t stream) {
+  const int64_t B = shape_.batch, S = decode_shape().max_symbols;
+  const int64_t n = std::min(evaluated_, eval_batches_);
+  std::vector<int32_t> tokens(static_cast<size_t>(eval_batches_ * B * S)),
+      lens(static_cast<size_t>(eval_batches_ * B));
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(tokens.data(), eval_tokens_, tokens.size() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream));
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(lens.data(), eval_lens_, lens.size() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const SpeechFileInfo& info = data_.file->info();
+  ErrorRate er;
+  RnntEvalLog log;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over (utterance, its hypothesis)
+  auto mix = [&hash](uint64_t v) {
+    for (int k = 0; k < 8; ++k) {
+      hash ^= (v >> (8 * k)) & 0xff;
+      hash *= 1099511628211ull;
+    }
+  };
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t i = info.num_train() + k * B + b;
+      if (i >= info.num_utterances) continue;
+      const int32_t len =
+          std::min<int32_t>(lens[static_cast<size_t>(k * B + b)], static_cast<int32_t>(S));
+      const int32_t* hyp = tokens.data() + (k * B + b) * S;
+      er.add(hyp, len, data_.file->labels(i), data_.file->label_length(i));
+      mix(static_cast<uint64_t>(i));
+      mix(static_cast<uint64_t>(len));
+      for (int32_t j = 0; j < len; ++j) mix(static_cast<uint64_t>(static_cast<uint32_t>(hyp[j])));
+      log.utterances += 1;
+      log.hypothesis_labels += len;
+    }
+  log.reference_labels = er.reference;
+  log.wer = er.rate();
+  log.tokens_hash = hash;
+  if (data_.eval_log) *data_.eval_log = log;
+  return log.wer;
 }
 
 // ---- Cost --------------------------------------------------------------------------------------

@@ -45,9 +45,11 @@
 #include <vector>
 
 #include "common/gemm.h"
+#include "graphs/conditional.h"
 #include "train/model.h"
 #include "workloads/rnnt/ladder.h"
 #include "workloads/rnnt/lstm.h"
+#include "workloads/rnnt/rnnt_kernels.h"
 #include "workloads/rnnt/speech_batches.h"
 #include "workloads/rnnt/speech_file.h"
 
@@ -86,11 +88,25 @@ struct RnntBatching {
   Rung exact_shape(int64_t frames, int64_t labels) const;
 };
 
-// The training data the model reads: the file, the training sampler and the batching.
+// Greedy decoding's loop: on the host (the eager reference: a step, then the host reads the
+// "any active" flag), or on the device as a WHILE conditional node (graphs/conditional.h).
+enum class DecoderKind { kHost, kWhile };
+
+// What the last evaluation decoded (for tests and reports): the error rate and a hash of every
+// hypothesis, so two decoders can be compared token for token.
+struct RnntEvalLog {
+  double wer = 0;
+  int64_t utterances = 0, hypothesis_labels = 0, reference_labels = 0;
+  uint64_t tokens_hash = 0;
+};
+
+// The data the model reads: the file, the training sampler and the batching; the decoder.
 struct RnntData {
   std::shared_ptr<SpeechFile> file;
   SamplerOptions sampler;
   RnntBatching batching;
+  DecoderKind decoder = DecoderKind::kWhile;
+  std::shared_ptr<RnntEvalLog> eval_log;  // written by every evaluation; may be null
 };
 
 class RnntModel : public train::Model {
@@ -111,6 +127,14 @@ class RnntModel : public train::Model {
   int load_batch(cudaStream_t stream) override;
   int64_t data_position() const override { return next_batch_; }
   void seek_data(int64_t position) override;
+
+  // Evaluation: greedy decoding of the held-out split (sequential batches, each padded to the
+  // split's longest utterance), scored by the label error rate (wer.h) as MLPerf's eval_accuracy.
+  std::optional<train::EvalInfo> evaluation() const override;
+  std::vector<graphs::Region> eval_regions() override;
+  void begin_eval(cudaStream_t stream) override;
+  void load_eval_batch(cudaStream_t stream) override;
+  double end_eval(cudaStream_t stream) override;
 
   double flops_per_step() const override;
   std::string flops_formula() const override;
@@ -176,6 +200,10 @@ class RnntModel : public train::Model {
   void prediction_bwd(cudaStream_t s);
   void encoder_post_bwd(cudaStream_t s);
   void encoder_pre_bwd(cudaStream_t s);
+  void eval_encoder(cudaStream_t s);
+  void eval_decode(cudaStream_t s);
+  void decode_step(cudaStream_t s);
+  DecodeShape decode_shape() const;
 
   const Context& ctx_;
   RnntShape shape_;
@@ -201,6 +229,21 @@ class RnntModel : public train::Model {
   cudaEvent_t copied_ = nullptr;
   std::vector<int64_t> indices_;
   std::vector<int32_t> frame_len_, host_label_len_, labels_tmp_;
+
+  // Evaluation.
+  Dims eval_;  // the held-out split's padded shape
+  int64_t eval_batches_ = 0, next_eval_ = 0, evaluated_ = 0;
+  std::unique_ptr<LstmPlan> pred_step_;  // the prediction network, one step (decoding)
+  int32_t* step_lengths_ = nullptr;      // its device lengths (all 1)
+  std::vector<int32_t> ones_;
+  std::unique_ptr<graphs::Conditionals> cond_;
+  DecodeState dec_;
+  int32_t* host_flag_ = nullptr;  // pinned: the host decoder's copy of the flag
+  void *dec_h_ = nullptr, *dec_c_ = nullptr, *dec_hy_ = nullptr, *dec_cy_ = nullptr;
+  void *dec_x_ = nullptr, *dec_y_ = nullptr, *dec_q_ = nullptr, *dec_hj_ = nullptr;
+  void *dec_logits_ = nullptr, *dec_ints_ = nullptr, *dec_tokens_ = nullptr;
+  void* dec_lengths_ = nullptr;
+  void *eval_tokens_ = nullptr, *eval_lens_ = nullptr, *eval_counter_ = nullptr;
 
   std::vector<Buffer> buffers_;
   // Device buffers (sized for the largest shape; views take the current one).

@@ -57,6 +57,10 @@ void RnntWorkload::add_flags(CLI::App& app) {
       ->check(CLI::IsMember({"fp16", "bf16"}));
   app.add_option("--batch", batch_flag_, "utterances per step (0: the preset's)")
       ->check(train::integer_in(0, 4096));
+  app.add_option("--decoder", decoder_flag_,
+                 "greedy decoding's loop: while (one WHILE conditional node per batch, on the "
+                 "device) or host (a step, then the host reads the flag; --graphs none only)")
+      ->check(CLI::IsMember({"while", "host"}));
 }
 
 void RnntWorkload::resolve(const train::RunFlags& flags) {
@@ -80,6 +84,10 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
   shape_.dtype = dtype_;
   const bool graphs = flags.graphs != "none";
   exact_ = pad_flag_.empty() ? !graphs : pad_flag_ == "exact";
+  if (decoder_flag_ == "host" && graphs)
+    throw bench::UsageError(
+        "--decoder host: the host loop reads the device between steps, which a graph cannot "
+        "hold; use it with --graphs none (or --decoder while)");
   steps_ = flags.steps;
   seed_ = flags.seed;
   steps_per_epoch_ = std::max<int64_t>(
@@ -110,6 +118,7 @@ nlohmann::ordered_json RnntWorkload::config() const {
   j["precision"] = precision();
   j["pad"] = exact_ ? "exact" : "ladder";
   j["ladder_rungs_asked"] = ladder_flag_;
+  j["decoder"] = decoder_flag_;
   if (params_count_ > 0) j["parameters"] = params_count_;
   if (!batching_.shapes.empty()) {
     nlohmann::ordered_json shapes = nlohmann::ordered_json::array();
@@ -240,6 +249,8 @@ std::unique_ptr<train::Model> RnntWorkload::build(Context& ctx, const train::Tra
   data.file = file_;
   data.sampler = sampler_;
   data.batching = batching_;
+  data.decoder = decoder_flag_ == "host" ? DecoderKind::kHost : DecoderKind::kWhile;
+  data.eval_log = eval_log_;
   auto model = std::make_unique<RnntModel>(ctx, shape_, std::move(data));
   params_count_ = model->total_params();
   activation_bytes_.clear();

@@ -40,12 +40,15 @@ class RnntWorkload : public train::Workload {
   void open_data(const train::RunFlags& flags, std::FILE* out) override;
   std::unique_ptr<train::Model> build(Context& ctx, const train::TrainingConfig& training,
                                       const train::RunFlags& flags, std::FILE* out) override;
+  bool evaluates() const override { return true; }
   void log_config(bench::MlLogger& log, const train::Model& model,
                   const train::TrainingConfig& training) const override;
 
   const RnntShape& shape() const { return shape_; }
   const RnntBatching& batching() const { return batching_; }
   const SpeechDatasetParams& dataset() const { return dataset_; }
+  // What the last evaluation decoded (its error rate and a hash of every hypothesis).
+  const RnntEvalLog& eval_log() const { return *eval_log_; }
 
  private:
   train::WorkloadInfo info_;
@@ -55,6 +58,7 @@ class RnntWorkload : public train::Workload {
   std::string pad_flag_;  // "", "exact", "ladder"
   std::string precision_flag_ = "fp16";
   int batch_flag_ = 0;
+  std::string decoder_flag_ = "while";
   // Resolved.
   std::string preset_;
   RnntShape shape_;
@@ -73,6 +77,7 @@ class RnntWorkload : public train::Workload {
   RnntBatching batching_;
   PaddingStats run_padding_, exact_padding_, ladder_padding_;
   std::vector<int64_t> batches_per_shape_;
+  std::shared_ptr<RnntEvalLog> eval_log_ = std::make_shared<RnntEvalLog>();
   // After build.
   std::vector<size_t> activation_bytes_;
   int64_t params_count_ = 0;

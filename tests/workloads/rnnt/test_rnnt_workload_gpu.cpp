@@ -5,6 +5,9 @@
 //   graph per rung; the loss falls.
 // - RnntExact: none at each batch's own shape (its default) trains with finite, falling losses.
 // - RnntBf16: --precision bf16 (no loss scaling) in full mode trains with finite losses.
+// - RnntDecoding: greedy decoding of the held-out split after 24 steps emits the same tokens with
+//   the eager host loop (none) and with the WHILE conditional node, eager (none) and inside the
+//   evaluation graph (full); the error rate is MLPerf's eval_accuracy.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,7 +22,8 @@
 namespace replay::rnnt {
 namespace {
 
-train::RunResult run(const std::vector<std::string>& extra, int* shapes = nullptr) {
+train::RunResult run(const std::vector<std::string>& extra, int* shapes = nullptr,
+                     RnntEvalLog* eval = nullptr) {
   RnntWorkload w;
   std::vector<std::string> args = {"--preset", "tiny",    "--seed", "4242",     "--log-interval",
                                    "4",        "--steps", "12",     "--warmup", "2"};
@@ -31,6 +35,7 @@ train::RunResult run(const std::vector<std::string>& extra, int* shapes = nullpt
   options.measure_peak = false;
   train::RunResult r = train::run(w, f, stdout, options);
   if (shapes) *shapes = static_cast<int>(w.batching().shapes.size());
+  if (eval) *eval = w.eval_log();
   return r;
 }
 
@@ -78,6 +83,36 @@ TEST(RnntExact, NoneAtEachBatchsOwnShapeTrains) {
 TEST(RnntBf16, FullGraphTrainsInBf16) {
   const train::RunResult r = run({"--graphs", "full", "--precision", "bf16"});
   expect_falls(r.report.losses, "bf16 full");
+}
+
+TEST(RnntDecoding, HostLoopAndWhileNodeEmitTheSameTokens) {
+  const std::vector<std::string> common = {"--steps", "24",    "--eval-interval",
+                                           "24",      "--pad", "ladder"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  RnntEvalLog host, while_none, while_full;
+  const train::RunResult a = run(with({"--graphs", "none", "--decoder", "host"}), nullptr, &host);
+  const train::RunResult b =
+      run(with({"--graphs", "none", "--decoder", "while"}), nullptr, &while_none);
+  const train::RunResult c =
+      run(with({"--graphs", "full", "--decoder", "while"}), nullptr, &while_full);
+  std::printf(
+      "greedy decoding after 24 steps: %lld utterances, %lld labels emitted for %lld, "
+      "WER %.4f, tokens hash %016llx\n",
+      static_cast<long long>(host.utterances), static_cast<long long>(host.hypothesis_labels),
+      static_cast<long long>(host.reference_labels), host.wer,
+      static_cast<unsigned long long>(host.tokens_hash));
+  EXPECT_EQ(host.utterances, 64);
+  EXPECT_GT(host.reference_labels, 0);
+  EXPECT_TRUE(std::isfinite(host.wer));
+  EXPECT_EQ(a.master_hash, b.master_hash);
+  EXPECT_EQ(a.master_hash, c.master_hash);
+  EXPECT_EQ(host.tokens_hash, while_none.tokens_hash) << "host loop vs WHILE node (eager)";
+  EXPECT_EQ(host.tokens_hash, while_full.tokens_hash) << "host loop vs WHILE node (full graph)";
+  EXPECT_EQ(host.hypothesis_labels, while_full.hypothesis_labels);
+  EXPECT_EQ(host.wer, while_full.wer);
 }
 
 }  // namespace
