@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/context.h"
 #include "common/kernels/accumulate.h"
+#include "graphs/graph.h"
 #include "workloads/rnnt/rnnt_kernels.h"
 #include "workloads/rnnt/transducer.h"
 #include "workloads/rnnt/wer.h"
@@ -136,6 +137,11 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
     ones_.assign(static_cast<size_t>(B), 1);
   }
   cond_ = std::make_unique<graphs::Conditionals>();
+  if (data_.decoder == DecoderKind::kUnrolled) {
+    unroll_stream_ = std::make_unique<graphs::CaptureStream>();
+    for (cudaEvent_t& e : replayed_)
+      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
   auto linear = [&](const std::string& name, int64_t in, int64_t out) {
     Linear l;
     l.weight =
@@ -171,6 +177,9 @@ RnntModel::~RnntModel() {
   if (copied_) cudaEventDestroy(copied_);
   if (host_x_) cudaFreeHost(host_x_);
   if (host_ints_) cudaFreeHost(host_ints_);
+  unrolled_.reset();
+  for (cudaEvent_t e : replayed_)
+    if (e) cudaEventDestroy(e);
   if (host_flag_) cudaFreeHost(host_flag_);
 }
 
@@ -860,6 +869,29 @@ void RnntModel::eval_decode(cudaStream_t s) {
       REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
       if (*host_flag_ == 0) break;
     }
+  } else if (data_.decoder == DecoderKind::kUnrolled) {
+    // NVIDIA's: a graph of kUnroll steps that ends by copying the flag to pinned memory; the host
+    // launches replay i, then waits for replay i - 1 and reads the flag it left, so the GPU always
+    // has a replay queued. Steps after every utterance is done change nothing.
+    if (!unrolled_) {
+      unrolled_ = std::make_unique<graphs::Graph>("rnnt.greedy_decode_x4");
+      unrolled_->build(
+          unroll_stream_->get(),
+          [this](cudaStream_t cs) {
+            for (int k = 0; k < kUnroll; ++k) decode_step(cs);
+            REPLAY_CUDA_CHECK(cudaMemcpyAsync(host_flag_, dec_.flag, sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, cs));
+          },
+          s);
+    }
+    const int64_t bound = (eval_.Te * (ds.max_per_frame + 1) + 1) / kUnroll + 2;
+    for (int64_t i = 0; i < bound; ++i) {
+      unrolled_->launch(s);
+      REPLAY_CUDA_CHECK(cudaEventRecord(replayed_[i % 2], s));
+      if (i == 0) continue;
+      REPLAY_CUDA_CHECK(cudaEventSynchronize(replayed_[(i - 1) % 2]));
+      if (*host_flag_ == 0) break;
+    }
   } else {
     cond_->while_nonzero(s, "rnnt.greedy_decode", dec_.flag,
                          [this](cudaStream_t body) { decode_step(body); });
@@ -892,7 +924,7 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
   Region dec;
   dec.name = "eval.decode";
   dec.kind = graphs::RegionKind::kOther;
-  dec.graphable = data_.decoder == DecoderKind::kWhile;
+  dec.graphable = data_.decoder == DecoderKind::kWhile;  // the host loops read the device
   dec.enqueue = [this](cudaStream_t s, const RegionArgs&) { eval_decode(s); };
   dec.args = [=] {
     const int64_t L = shape_.pred_layers, Hp = shape_.pred_hidden, S = decode_shape().max_symbols;

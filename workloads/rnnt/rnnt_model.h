@@ -89,8 +89,10 @@ struct RnntBatching {
 };
 
 // Greedy decoding's loop: on the host (the eager reference: a step, then the host reads the
-// "any active" flag), or on the device as a WHILE conditional node (graphs/conditional.h).
-enum class DecoderKind { kHost, kWhile };
+// "any active" flag), NVIDIA's (a graph of 4 steps replayed while the host reads the flag one
+// replay late from pinned memory), or on the device as a WHILE conditional node
+// (graphs/conditional.h).
+enum class DecoderKind { kHost, kUnrolled, kWhile };
 
 // What the last evaluation decoded (for tests and reports): the error rate and a hash of every
 // hypothesis, so two decoders can be compared token for token.
@@ -238,7 +240,11 @@ class RnntModel : public train::Model {
   std::vector<int32_t> ones_;
   std::unique_ptr<graphs::Conditionals> cond_;
   DecodeState dec_;
-  int32_t* host_flag_ = nullptr;  // pinned: the host decoder's copy of the flag
+  int32_t* host_flag_ = nullptr;     // pinned: the host decoders' copy of the flag
+  static constexpr int kUnroll = 4;  // NVIDIA's decoder: steps per graph replay
+  std::unique_ptr<graphs::CaptureStream> unroll_stream_;
+  std::unique_ptr<graphs::Graph> unrolled_;
+  cudaEvent_t replayed_[2] = {nullptr, nullptr};
   void *dec_h_ = nullptr, *dec_c_ = nullptr, *dec_hy_ = nullptr, *dec_cy_ = nullptr;
   void *dec_x_ = nullptr, *dec_y_ = nullptr, *dec_q_ = nullptr, *dec_hj_ = nullptr;
   void *dec_logits_ = nullptr, *dec_ints_ = nullptr, *dec_tokens_ = nullptr;

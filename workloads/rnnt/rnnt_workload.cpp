@@ -59,8 +59,10 @@ void RnntWorkload::add_flags(CLI::App& app) {
       ->check(train::integer_in(0, 4096));
   app.add_option("--decoder", decoder_flag_,
                  "greedy decoding's loop: while (one WHILE conditional node per batch, on the "
-                 "device) or host (a step, then the host reads the flag; --graphs none only)")
-      ->check(CLI::IsMember({"while", "host"}));
+                 "device), host (a step, then the host reads the flag) or unrolled (NVIDIA's: a "
+                 "graph of 4 steps, the flag read one replay late); host and unrolled with "
+                 "--graphs none only")
+      ->check(CLI::IsMember({"while", "host", "unrolled"}));
 }
 
 void RnntWorkload::resolve(const train::RunFlags& flags) {
@@ -84,10 +86,10 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
   shape_.dtype = dtype_;
   const bool graphs = flags.graphs != "none";
   exact_ = pad_flag_.empty() ? !graphs : pad_flag_ == "exact";
-  if (decoder_flag_ == "host" && graphs)
-    throw bench::UsageError(
-        "--decoder host: the host loop reads the device between steps, which a graph cannot "
-        "hold; use it with --graphs none (or --decoder while)");
+  if (decoder_flag_ != "while" && graphs)
+    throw bench::UsageError("--decoder " + decoder_flag_ +
+                            ": the host loop reads the device between steps, which a graph "
+                            "cannot hold; use it with --graphs none (or --decoder while)");
   steps_ = flags.steps;
   seed_ = flags.seed;
   steps_per_epoch_ = std::max<int64_t>(
@@ -136,6 +138,17 @@ nlohmann::ordered_json RnntWorkload::config() const {
     j["padding_run"] = padding_json(run_padding_);
     j["padding_epoch_exact"] = padding_json(exact_padding_);
     j["padding_epoch_ladder"] = padding_json(ladder_padding_);
+  }
+  if (eval_log_->utterances > 0) {
+    char hash[17];
+    std::snprintf(hash, sizeof(hash), "%016llx",
+                  static_cast<unsigned long long>(eval_log_->tokens_hash));
+    j["last_eval"] = {{"decoder", decoder_flag_},
+                      {"wer", eval_log_->wer},
+                      {"utterances", eval_log_->utterances},
+                      {"hypothesis_labels", eval_log_->hypothesis_labels},
+                      {"reference_labels", eval_log_->reference_labels},
+                      {"tokens_hash", hash}};
   }
   j["dataset"] = {{"utterances", dataset_.num_utterances}, {"eval", dataset_.num_eval},
                   {"min_frames", dataset_.min_frames},     {"max_frames", dataset_.max_frames},
@@ -249,7 +262,9 @@ std::unique_ptr<train::Model> RnntWorkload::build(Context& ctx, const train::Tra
   data.file = file_;
   data.sampler = sampler_;
   data.batching = batching_;
-  data.decoder = decoder_flag_ == "host" ? DecoderKind::kHost : DecoderKind::kWhile;
+  data.decoder = decoder_flag_ == "host"       ? DecoderKind::kHost
+                 : decoder_flag_ == "unrolled" ? DecoderKind::kUnrolled
+                                               : DecoderKind::kWhile;
   data.eval_log = eval_log_;
   auto model = std::make_unique<RnntModel>(ctx, shape_, std::move(data));
   params_count_ = model->total_params();

@@ -6,8 +6,8 @@
 // - RnntExact: none at each batch's own shape (its default) trains with finite, falling losses.
 // - RnntBf16: --precision bf16 (no loss scaling) in full mode trains with finite losses.
 // - RnntDecoding: greedy decoding of the held-out split after 24 steps emits the same tokens with
-//   the eager host loop (none) and with the WHILE conditional node, eager (none) and inside the
-//   evaluation graph (full); the error rate is MLPerf's eval_accuracy.
+//   the eager host loop, NVIDIA's unrolled graph (none) and the WHILE conditional node, eager
+//   (none) and inside the evaluation graph (full); the error rate is MLPerf's eval_accuracy.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,8 +92,9 @@ TEST(RnntDecoding, HostLoopAndWhileNodeEmitTheSameTokens) {
     a.insert(a.end(), common.begin(), common.end());
     return a;
   };
-  RnntEvalLog host, while_none, while_full;
+  RnntEvalLog host, unrolled, while_none, while_full;
   const train::RunResult a = run(with({"--graphs", "none", "--decoder", "host"}), nullptr, &host);
+  run(with({"--graphs", "none", "--decoder", "unrolled"}), nullptr, &unrolled);
   const train::RunResult b =
       run(with({"--graphs", "none", "--decoder", "while"}), nullptr, &while_none);
   const train::RunResult c =
@@ -109,6 +110,7 @@ TEST(RnntDecoding, HostLoopAndWhileNodeEmitTheSameTokens) {
   EXPECT_TRUE(std::isfinite(host.wer));
   EXPECT_EQ(a.master_hash, b.master_hash);
   EXPECT_EQ(a.master_hash, c.master_hash);
+  EXPECT_EQ(host.tokens_hash, unrolled.tokens_hash) << "host loop vs NVIDIA's unrolled graph";
   EXPECT_EQ(host.tokens_hash, while_none.tokens_hash) << "host loop vs WHILE node (eager)";
   EXPECT_EQ(host.tokens_hash, while_full.tokens_hash) << "host loop vs WHILE node (full graph)";
   EXPECT_EQ(host.hypothesis_labels, while_full.hypothesis_labels);
