@@ -225,3 +225,227 @@ void combine_backward(double* dy_sorted, double* dweights, const double* dout,
 }
 
 }  // namespace replay::moe::ref
+
+// ---- MLA
+// ------------------------------------------------------------------------------------------
+
+namespace replay::moe::ref {
+
+namespace {
+
+using Vec = std::vector<double>;
+
+// Y[M, out] = X[M, in] W[out, in]^T.
+Vec linear(const Vec& X, const Vec& W, int64_t M, int64_t in, int64_t out) {
+  Vec Y(static_cast<size_t>(M * out), 0.0);
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < in; ++i)
+        s += X[static_cast<size_t>(t * in + i)] * W[static_cast<size_t>(o * in + i)];
+      Y[static_cast<size_t>(t * out + o)] = s;
+    }
+  return Y;
+}
+
+// dX (+)= dY W, dW = dY^T X.
+void linear_backward(const Vec& dY, const Vec& X, const Vec& W, int64_t M, int64_t in, int64_t out,
+                     Vec& dX, Vec& dW) {
+  if (dX.empty()) dX.assign(static_cast<size_t>(M * in), 0.0);
+  dW.assign(static_cast<size_t>(out * in), 0.0);
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      const double g = dY[static_cast<size_t>(t * out + o)];
+      for (int64_t i = 0; i < in; ++i) {
+        dX[static_cast<size_t>(t * in + i)] += g * W[static_cast<size_t>(o * in + i)];
+        dW[static_cast<size_t>(o * in + i)] += g * X[static_cast<size_t>(t * in + i)];
+      }
+    }
+}
+
+// y = x * r * g per row, r = 1 / sqrt(mean(x^2) + eps).
+Vec rmsnorm(const Vec& X, const Vec& g, int64_t M, int64_t C, double eps, Vec* r) {
+  Vec Y(X.size());
+  r->assign(static_cast<size_t>(M), 0.0);
+  for (int64_t t = 0; t < M; ++t) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c)
+      ss += X[static_cast<size_t>(t * C + c)] * X[static_cast<size_t>(t * C + c)];
+    const double rr = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+    (*r)[static_cast<size_t>(t)] = rr;
+    for (int64_t c = 0; c < C; ++c)
+      Y[static_cast<size_t>(t * C + c)] =
+          X[static_cast<size_t>(t * C + c)] * rr * g[static_cast<size_t>(c)];
+  }
+  return Y;
+}
+
+// dx (+)= r (g dy) - x r^3 / C * sum(g dy x); dg = sum over rows of dy x r.
+void rmsnorm_backward(const Vec& dY, const Vec& X, const Vec& g, const Vec& r, int64_t M, int64_t C,
+                      Vec& dX, Vec& dg) {
+  if (dX.empty()) dX.assign(static_cast<size_t>(M * C), 0.0);
+  dg.assign(static_cast<size_t>(C), 0.0);
+  for (int64_t t = 0; t < M; ++t) {
+    const double rr = r[static_cast<size_t>(t)];
+    double s = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(t * C + c);
+      s += g[static_cast<size_t>(c)] * dY[i] * X[i];
+      dg[static_cast<size_t>(c)] += dY[i] * X[i] * rr;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(t * C + c);
+      dX[i] +=
+          rr * g[static_cast<size_t>(c)] * dY[i] - X[i] * rr * rr * rr / static_cast<double>(C) * s;
+    }
+  }
+}
+
+// Rotates channels [off, off + R) of each of `heads` heads (head width D) of every token in place;
+// backward: by the negative angle.
+void rope(Vec& X, const MlaRefDims& d, int64_t heads, int64_t D, int64_t off, bool backward) {
+  const int64_t R = d.rope, half = R / 2;
+  for (int64_t t = 0; t < d.tokens(); ++t) {
+    const auto pos = static_cast<double>(t % d.seq);
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a =
+            pos * std::pow(d.theta, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+        const double c = std::cos(a), s = backward ? -std::sin(a) : std::sin(a);
+        const auto lo = static_cast<size_t>((t * heads + h) * D + off + i);
+        const auto hi = lo + static_cast<size_t>(half);
+        const double x0 = X[lo], x1 = X[hi];
+        X[lo] = x0 * c - x1 * s;
+        X[hi] = x1 * c + x0 * s;
+      }
+  }
+}
+
+}  // namespace
+
+MlaRefWeights MlaRefWeights::zeros(const MlaRefDims& d) {
+  const int64_t C = d.hidden, H = d.heads;
+  MlaRefWeights w;
+  auto z = [](int64_t n) { return Vec(static_cast<size_t>(n), 0.0); };
+  w.norm1 = z(C), w.qa = z(d.q_lora * C), w.qnorm = z(d.q_lora), w.qb = z(H * d.qk() * d.q_lora);
+  w.kva = z(d.kv_lora * C), w.kvnorm = z(d.kv_lora), w.kpe = z(d.rope * C);
+  w.kvb = z(H * (d.nope + d.v) * d.kv_lora), w.wo = z(C * H * d.v);
+  return w;
+}
+
+void mla_block(const MlaRefDims& d, const MlaRefWeights& w, const Vec& x, Vec* out, const Vec* dout,
+               MlaRefWeights* dw, Vec* dx) {
+  const int64_t M = d.tokens(), C = d.hidden, H = d.heads, QK = d.qk(), Dn = d.nope, Dv = d.v;
+  const int64_t qr = d.q_lora, kr = d.kv_lora, S = d.seq;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(QK));
+  Vec r1, rq, rk;
+  const Vec h = rmsnorm(x, w.norm1, M, C, d.eps, &r1);
+  const Vec ql = linear(h, w.qa, M, C, qr);
+  const Vec qn = rmsnorm(ql, w.qnorm, M, qr, d.eps, &rq);
+  Vec q = linear(qn, w.qb, M, qr, H * QK);
+  rope(q, d, H, QK, Dn, false);
+  const Vec kl = linear(h, w.kva, M, C, kr);
+  const Vec kn = rmsnorm(kl, w.kvnorm, M, kr, d.eps, &rk);
+  const Vec kvb = linear(kn, w.kvb, M, kr, H * (Dn + Dv));
+  Vec kp = linear(h, w.kpe, M, C, d.rope);
+  rope(kp, d, 1, d.rope, 0, false);
+  auto K = [&](int64_t t, int64_t hh, int64_t c) {
+    return c < Dn ? kvb[static_cast<size_t>((t * H + hh) * (Dn + Dv) + c)]
+                  : kp[static_cast<size_t>(t * d.rope + c - Dn)];
+  };
+  auto V = [&](int64_t t, int64_t hh, int64_t c) {
+    return kvb[static_cast<size_t>((t * H + hh) * (Dn + Dv) + Dn + c)];
+  };
+  // Attention probabilities P[b, h, i, j] (j <= i) and o [M, H * Dv].
+  Vec P(static_cast<size_t>(d.batch * H * S * S), 0.0), o(static_cast<size_t>(M * H * Dv), 0.0);
+  auto pidx = [&](int64_t b, int64_t hh, int64_t i, int64_t j) {
+    return static_cast<size_t>(((b * H + hh) * S + i) * S + j);
+  };
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t hh = 0; hh < H; ++hh)
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t ti = b * S + i;
+        double mx = -1e300;
+        Vec sc(static_cast<size_t>(i + 1));
+        for (int64_t j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int64_t c = 0; c < QK; ++c)
+            s += q[static_cast<size_t>((ti * H + hh) * QK + c)] * K(b * S + j, hh, c);
+          sc[static_cast<size_t>(j)] = s * scale;
+          mx = std::max(mx, s * scale);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= i; ++j) z += std::exp(sc[static_cast<size_t>(j)] - mx);
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = std::exp(sc[static_cast<size_t>(j)] - mx) / z;
+          P[pidx(b, hh, i, j)] = p;
+          for (int64_t c = 0; c < Dv; ++c)
+            o[static_cast<size_t>((ti * H + hh) * Dv + c)] += p * V(b * S + j, hh, c);
+        }
+      }
+  *out = linear(o, w.wo, M, H * Dv, C);
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] += x[i];
+  if (dout == nullptr) return;
+
+  // Backward.
+  *dw = MlaRefWeights::zeros(d);
+  Vec d_o;
+  linear_backward(*dout, o, w.wo, M, H * Dv, C, d_o, dw->wo);
+  Vec dq(static_cast<size_t>(M * H * QK), 0.0), dk(static_cast<size_t>(M * H * QK), 0.0),
+      dv(static_cast<size_t>(M * H * Dv), 0.0);
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t hh = 0; hh < H; ++hh)
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t ti = b * S + i;
+        Vec dp(static_cast<size_t>(i + 1));
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const int64_t tj = b * S + j;
+          const double p = P[pidx(b, hh, i, j)];
+          double g = 0;
+          for (int64_t c = 0; c < Dv; ++c) {
+            const double doc = d_o[static_cast<size_t>((ti * H + hh) * Dv + c)];
+            g += doc * V(tj, hh, c);
+            dv[static_cast<size_t>((tj * H + hh) * Dv + c)] += p * doc;
+          }
+          dp[static_cast<size_t>(j)] = g;
+          sum += p * g;
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const int64_t tj = b * S + j;
+          const double ds = P[pidx(b, hh, i, j)] * (dp[static_cast<size_t>(j)] - sum) * scale;
+          for (int64_t c = 0; c < QK; ++c) {
+            dq[static_cast<size_t>((ti * H + hh) * QK + c)] += ds * K(tj, hh, c);
+            dk[static_cast<size_t>((tj * H + hh) * QK + c)] +=
+                ds * q[static_cast<size_t>((ti * H + hh) * QK + c)];
+          }
+        }
+      }
+  rope(dq, d, H, QK, Dn, true);
+  Vec dkvb(static_cast<size_t>(M * H * (Dn + Dv)), 0.0), dkp(static_cast<size_t>(M * d.rope), 0.0);
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t hh = 0; hh < H; ++hh) {
+      for (int64_t c = 0; c < Dn; ++c)
+        dkvb[static_cast<size_t>((t * H + hh) * (Dn + Dv) + c)] =
+            dk[static_cast<size_t>((t * H + hh) * QK + c)];
+      for (int64_t c = 0; c < Dv; ++c)
+        dkvb[static_cast<size_t>((t * H + hh) * (Dn + Dv) + Dn + c)] =
+            dv[static_cast<size_t>((t * H + hh) * Dv + c)];
+      for (int64_t c = 0; c < d.rope; ++c)
+        dkp[static_cast<size_t>(t * d.rope + c)] +=
+            dk[static_cast<size_t>((t * H + hh) * QK + Dn + c)];
+    }
+  rope(dkp, d, 1, d.rope, 0, true);
+  Vec dkn, dkl, dh, dqn, dql;
+  linear_backward(dkvb, kn, w.kvb, M, kr, H * (Dn + Dv), dkn, dw->kvb);
+  rmsnorm_backward(dkn, kl, w.kvnorm, rk, M, kr, dkl, dw->kvnorm);
+  linear_backward(dkl, h, w.kva, M, C, kr, dh, dw->kva);
+  linear_backward(dkp, h, w.kpe, M, C, d.rope, dh, dw->kpe);
+  linear_backward(dq, qn, w.qb, M, qr, H * QK, dqn, dw->qb);
+  rmsnorm_backward(dqn, ql, w.qnorm, rq, M, qr, dql, dw->qnorm);
+  linear_backward(dql, h, w.qa, M, C, qr, dh, dw->qa);
+  *dx = *dout;  // the residual
+  rmsnorm_backward(dh, x, w.norm1, r1, M, C, *dx, dw->norm1);
+}
+
+}  // namespace replay::moe::ref

@@ -1,4 +1,4 @@
-// moe_reference.h: fp64 CPU references of the MoE router (router.h) and dispatch (dispatch.h),
+// moe_reference.h: fp64 CPU references of the MoE router (router.h), dispatch (dispatch.h) and MLA,
 // written from the definitions rather than from the kernels: sorts instead of warp arg-max rounds,
 // a sequential walk over the assignments instead of the chunked counting sort, plain loops for the
 // data movement. Same conventions: slot order by score + bias (ties: the lower expert, the lower
@@ -63,5 +63,32 @@ void combine(double* out, const double* y_sorted, const double* weights, const D
 void combine_backward(double* dy_sorted, double* dweights, const double* dout,
                       const double* y_sorted, const double* weights, const Dispatch& d,
                       const DispatchShape& shape, int64_t hidden);
+
+// MLA, DeepSeek-V3's attention block as MoeModel runs it (moe_model.h), in fp64 for tokens
+// t = b * seq + s: h = rmsnorm(x; norm1); q = rope(rmsnorm(h Wqa^T; qnorm) Wqb^T) per head on its
+// last `rope` channels; kv = rmsnorm(h Wkva^T; kvnorm) Wkvb^T per head (nope key, then value);
+// kpe = rope(h Wkpe^T), shared by every head; k = (kv nope, kpe), v = kv value; causal softmax
+// attention at scale 1 / sqrt(nope + rope) within each sequence; out = x + o Wo^T. RoPE is
+// rotate-half with angle s * theta^(-2i / rope) for channel pair (i, i + rope / 2).
+struct MlaRefDims {
+  int64_t batch = 1, seq = 1, hidden = 8, heads = 1, q_lora = 8, kv_lora = 8;
+  int64_t nope = 8, rope = 4, v = 8;
+  double eps = 1e-6, theta = 10000.0;
+  int64_t tokens() const { return batch * seq; }
+  int64_t qk() const { return nope + rope; }
+};
+// Weights as nn.Linear stores them ([out, in]) and the norms' scales.
+struct MlaRefWeights {
+  std::vector<double> norm1, qa, qnorm, qb, kva, kvnorm, kpe, kvb, wo;
+  std::vector<std::vector<double>*> all() {
+    return {&norm1, &qa, &qnorm, &qb, &kva, &kvnorm, &kpe, &kvb, &wo};
+  }
+  // Every tensor at its size, zero.
+  static MlaRefWeights zeros(const MlaRefDims& d);
+};
+// out [tokens, hidden] from x; with dout, the backward too: dw (every tensor written) and dx.
+void mla_block(const MlaRefDims& d, const MlaRefWeights& w, const std::vector<double>& x,
+               std::vector<double>* out, const std::vector<double>* dout = nullptr,
+               MlaRefWeights* dw = nullptr, std::vector<double>* dx = nullptr);
 
 }  // namespace replay::moe::ref
