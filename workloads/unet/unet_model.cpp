@@ -151,6 +151,7 @@ struct UnetModel::Impl {
   void add_node(std::unique_ptr<Node> n);
   void finish();
   void build();
+  void plan_buffers(ArenaPlan& plan);
 };
 
 // One op of the network. ins are read by the forward, outs written (the first out is the op's
@@ -245,17 +246,35 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
   float eps = 1e-5f;
   GroupNormAct act = GroupNormAct::kNone;
   train::ParamId gamma = -1, beta = -1;
+  // The kernels put samples on the grid's y dimension (at most 65,535): a LayerNorm over more
+  // tokens runs in chunks of kChunk samples, the parameter gradients added chunk after chunk.
+  static constexpr int64_t kChunk = 32768;
+  GroupNormShape chunk(int64_t first) const {
+    GroupNormShape c = shape;
+    c.batch = std::min(kChunk, shape.batch - first);
+    return c;
+  }
   void forward(Impl& m, cudaStream_t s) override {
-    group_norm_forward(m.config.dtype, m.T(outs[0]).data, static_cast<float*>(m.T(outs[1]).data),
-                       static_cast<float*>(m.T(outs[2]).data), m.T(ins[0]).data, W(m, gamma),
-                       W(m, beta), shape, eps, act, m.gn_ws, m.gn_ws_bytes, s);
+    const int64_t row = shape.pixels * shape.channels * 2;  // bytes of one sample
+    for (int64_t n = 0; n < shape.batch; n += kChunk) {
+      group_norm_forward(m.config.dtype, static_cast<char*>(m.T(outs[0]).data) + n * row,
+                         static_cast<float*>(m.T(outs[1]).data) + n * shape.groups,
+                         static_cast<float*>(m.T(outs[2]).data) + n * shape.groups,
+                         static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma),
+                         W(m, beta), chunk(n), eps, act, m.gn_ws, m.gn_ws_bytes, s);
+    }
   }
   void backward(Impl& m, cudaStream_t s) override {
-    group_norm_backward(m.config.dtype, m.T(ins[0]).gdata, G(m, gamma), G(m, beta),
-                        m.T(outs[0]).gdata, m.T(ins[0]).data, W(m, gamma), W(m, beta),
-                        static_cast<const float*>(m.T(outs[1]).data),
-                        static_cast<const float*>(m.T(outs[2]).data), shape, act, acc[0], false,
-                        m.gn_ws, m.gn_ws_bytes, s);
+    const int64_t row = shape.pixels * shape.channels * 2;
+    for (int64_t n = 0; n < shape.batch; n += kChunk) {
+      group_norm_backward(
+          m.config.dtype, static_cast<char*>(m.T(ins[0]).gdata) + n * row, G(m, gamma), G(m, beta),
+          static_cast<const char*>(m.T(outs[0]).gdata) + n * row,
+          static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma), W(m, beta),
+          static_cast<const float*>(m.T(outs[1]).data) + n * shape.groups,
+          static_cast<const float*>(m.T(outs[2]).data) + n * shape.groups, chunk(n), act, acc[0],
+          n > 0, m.gn_ws, m.gn_ws_bytes, s);
+    }
   }
 };
 
@@ -524,9 +543,10 @@ struct Builder {
     n->gamma = param(name + ".weight", {C}, train::ParamInit::kOnes, 1, false);
     n->beta = param(name + ".bias", {C}, train::ParamInit::kZeros, 1, false);
     n->p_first = n->gamma, n->p_last = n->beta;
-    check_group_norm_shape(n->shape);
-    m.gn_ws_bytes = std::max({m.gn_ws_bytes, group_norm_forward_workspace_bytes(n->shape),
-                              group_norm_backward_workspace_bytes(n->shape)});
+    const GroupNormShape first = n->chunk(0);
+    check_group_norm_shape(first);
+    m.gn_ws_bytes = std::max({m.gn_ws_bytes, group_norm_forward_workspace_bytes(first),
+                              group_norm_backward_workspace_bytes(first)});
     return y;
   }
 
@@ -851,6 +871,17 @@ UnetStructure unet_structure(const UnetConfig& config) {
   s.nodes = static_cast<int>(m.nodes.size());
   s.flops_per_step = m.flops;
   for (int i = 0; i < m.params.count(); ++i) s.parameter_names.push_back(m.params.spec(i).name);
+  ArenaPlan plan;
+  m.plan_buffers(plan);
+  plan.plan();
+  s.arena_bytes = plan.total_bytes();
+  for (const auto& n : m.nodes)
+    if (const auto* a = dynamic_cast<const AttentionNode*>(n.get())) {
+      const AttentionDesc& d = a->desc;
+      s.attention_workspace_bytes =
+          std::max(s.attention_workspace_bytes,
+                   static_cast<size_t>(d.batch * d.heads_q * d.seq_q * d.kv_len() * 2));
+    }
   return s;
 }
 
@@ -868,7 +899,11 @@ std::string UnetModel::plan_summary() const {
 }
 
 void UnetModel::plan(ArenaPlan& plan) {
-  Impl& m = *impl_;
+  impl_->plan_buffers(plan);
+}
+
+void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
+  Impl& m = *this;
   m.params.plan(plan, {m.optimizer_phase(), m.optimizer_phase()});
   for (Tensor& t : m.tensors) {
     const Lifetime life = t.external ? Lifetime{} : Lifetime{t.begin, t.end};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,21 @@ TEST(UnetStructure, Sd2HasTheDiffusersUnetsParameterCountAndBlocks) {
   // Model FLOPs of a training step per image: three times a forward of several hundred GFLOP.
   EXPECT_GT(s.flops_per_step / 32, 0.8e12);
   EXPECT_LT(s.flops_per_step / 32, 6.0e12);
+}
+
+// The arena on the CPU: at 32 images what the H100 run planned (50.82 GiB with cuDNN's and
+// cuBLASLt's workspaces, reports/h100/2026-11-27/unet), at 64 more than an 80 GB H100 holds.
+TEST(UnetStructure, PlannedArenaFitsAtThirtyTwoImagesAndNotAtSixtyFour) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const UnetStructure b32 = unet_structure(preset_config("sd2-b32"));
+  const UnetStructure b64 = unet_structure(preset_config("sd2-b64"));
+  const double a32 = static_cast<double>(b32.arena_bytes + b32.attention_workspace_bytes) / gib;
+  const double a64 = static_cast<double>(b64.arena_bytes + b64.attention_workspace_bytes) / gib;
+  std::printf("planned arena: b32 %.2f GiB, b64 %.2f GiB (attention workspace %.2f, %.2f GiB)\n",
+              a32, a64, static_cast<double>(b32.attention_workspace_bytes) / gib,
+              static_cast<double>(b64.attention_workspace_bytes) / gib);
+  EXPECT_NEAR(a32, 50.82, 1.0);
+  EXPECT_GT(a64, 80.0);
 }
 
 TEST(UnetStructure, TinyIsTwoLevels) {
