@@ -15,6 +15,7 @@
 
 #include "common/attention.h"
 #include "common/check.h"
+#include "common/data/batch_stream.h"
 #include "common/gemm.h"
 #include "train/step_scalars.h"
 #include "workloads/unet/conv.h"
@@ -131,7 +132,9 @@ struct UnetModel::Impl {
        *bias_ws = nullptr, *cbias_ws = nullptr, *loss_ws = nullptr, *scratch = nullptr,
        *dw16 = nullptr;
   float* table = nullptr;
-  void* host = nullptr;  // the training split, pinned: moments then text
+  void* host = nullptr;                     // the training split, pinned: moments then text
+  std::unique_ptr<data::BatchOrder> order;  // shuffled per epoch from the data seed
+  std::vector<int64_t> rows;                // the samples of the batch being loaded
   int64_t next_batch = 0;
   double flops = 0;
 
@@ -823,13 +826,15 @@ void UnetModel::Impl::finish() {
 // ------------------------------------------------------------------------------------
 
 UnetModel::UnetModel(const Context& ctx, const UnetConfig& config,
-                     std::shared_ptr<const UnetData> data, int64_t overflow_at)
+                     std::shared_ptr<const UnetData> data, int64_t overflow_at, uint64_t data_seed)
     : impl_(std::make_unique<Impl>(&ctx, config, std::move(data), overflow_at)) {
   config.validate();
   REPLAY_REQUIRE(impl_->data && impl_->data->samples >= config.batch,
                  "UNet: fewer training samples than one batch");
   impl_->build();
   const UnetData& d = *impl_->data;
+  impl_->order = std::make_unique<data::BatchOrder>(d.samples, config.batch, true, data_seed);
+  impl_->rows.resize(static_cast<size_t>(config.batch));
   const size_t moments = d.moments.size() * 2, text = d.text.size() * 2;
   REPLAY_CUDA_CHECK(cudaHostAlloc(&impl_->host, moments + text, cudaHostAllocDefault));
   std::memcpy(impl_->host, d.moments.data(), moments);
@@ -1076,22 +1081,29 @@ std::vector<graphs::Region> UnetModel::regions() {
 int UnetModel::load_batch(cudaStream_t stream) {
   Impl& m = *impl_;
   const UnetData& d = *m.data;
-  const int64_t B = m.config.batch, S = d.samples;
-  const int64_t me = d.info.latent_channels * 2 * d.info.latent_height * d.info.latent_width;
-  const int64_t te = d.info.context_len * d.info.context_dim;
+  const int64_t B = m.config.batch;
+  const auto me =
+      static_cast<size_t>(d.info.latent_channels * 2 * d.info.latent_height * d.info.latent_width) *
+      2;  // bytes of one sample's moments
+  const auto te = static_cast<size_t>(d.info.context_len * d.info.context_dim) * 2;
   const char* moments = static_cast<const char*>(m.host);
   const char* text = moments + d.moments.size() * 2;
-  int64_t first = (m.next_batch * B) % S, done = 0;
-  while (done < B) {
-    const int64_t n = std::min(B - done, S - first);
-    REPLAY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(m.T(m.moments).data) + done * me * 2,
-                                      moments + first * me * 2, static_cast<size_t>(n * me) * 2,
-                                      cudaMemcpyHostToDevice, stream));
-    REPLAY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(m.T(m.context).data) + done * te * 2,
-                                      text + first * te * 2, static_cast<size_t>(n * te) * 2,
-                                      cudaMemcpyHostToDevice, stream));
-    done += n;
-    first = (first + n) % S;
+  m.order->rows(m.next_batch, m.rows.data());
+  // Slot i of the batch is sample rows[i]; runs of consecutive samples go in one copy each.
+  for (int64_t i = 0; i < B;) {
+    const int64_t first = m.rows[static_cast<size_t>(i)];
+    REPLAY_REQUIRE(first >= 0 && first < d.samples, "UNet batch order: sample out of range");
+    int64_t n = 1;
+    while (i + n < B && m.rows[static_cast<size_t>(i + n)] == first + n) ++n;
+    const auto slot = static_cast<size_t>(i), sample = static_cast<size_t>(first);
+    const auto count = static_cast<size_t>(n);
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(m.T(m.moments).data) + slot * me,
+                                      moments + sample * me, count * me, cudaMemcpyHostToDevice,
+                                      stream));
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(m.T(m.context).data) + slot * te,
+                                      text + sample * te, count * te, cudaMemcpyHostToDevice,
+                                      stream));
+    i += n;
   }
   m.next_batch += 1;
   return 0;

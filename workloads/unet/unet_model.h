@@ -67,8 +67,9 @@ struct UnetConfig {
 };
 
 // The data of a run: the training split in pinned host memory (moments and text embeddings as fp16
-// bits), read once at set-up from a latent file; batch p is samples [p * B, p * B + B) modulo the
-// split (the order wraps around).
+// bits), read once at set-up from a latent file. Batch p is batch p of common/data's BatchOrder
+// over those samples, shuffled per epoch from the data seed (the run's --seed), as the token files
+// of the other workloads are read; load_batch copies its samples into the static input buffers.
 struct UnetData {
   LatentFileInfo info;
   int64_t samples = 0;  // training samples held
@@ -96,7 +97,7 @@ class UnetModel : public train::Model {
   // --overflow-at: the step (0-based, counted from the first timed step) whose loss gradient is
   // made infinite; -1: none.
   UnetModel(const Context& ctx, const UnetConfig& config, std::shared_ptr<const UnetData> data,
-            int64_t overflow_at);
+            int64_t overflow_at, uint64_t data_seed);
   ~UnetModel() override;
 
   std::string describe() const override;

@@ -172,8 +172,8 @@ void UnetWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
   data_ = d;
   std::fprintf(out,
                "# data: %s: %" PRId64 " training samples (%" PRId64
-               " held in pinned memory, batches in order), latent %" PRId64 "x%" PRId64 "x%" PRId64
-               ", context %" PRId64 "x%" PRId64 "%s\n",
+               " held in pinned memory, shuffled per epoch), latent %" PRId64 "x%" PRId64
+               "x%" PRId64 ", context %" PRId64 "x%" PRId64 "%s\n",
                path.c_str(), d->info.training_samples(), d->samples, c.latent_channels, c.latent,
                c.latent, c.context_len, c.context_dim,
                std::isfinite(d->info.provenance.loss_floor)
@@ -182,9 +182,9 @@ void UnetWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
 }
 
 std::unique_ptr<train::Model> UnetWorkload::build(Context& ctx, const train::TrainingConfig&,
-                                                  const train::RunFlags&, std::FILE* out) {
+                                                  const train::RunFlags& flags, std::FILE* out) {
   REPLAY_REQUIRE(data_ != nullptr, "UnetWorkload::build before open_data");
-  auto m = std::make_unique<UnetModel>(ctx, config_, data_, overflow_at_);
+  auto m = std::make_unique<UnetModel>(ctx, config_, data_, overflow_at_, flags.seed);
   std::fprintf(out, "# plans: %s\n", m->plan_summary().c_str());
   return m;
 }
