@@ -875,7 +875,10 @@ UnetStructure unet_structure(const UnetConfig& config) {
   s.blocks = static_cast<int>(m.blocks.size());
   s.nodes = static_cast<int>(m.nodes.size());
   s.flops_per_step = m.flops;
-  for (int i = 0; i < m.params.count(); ++i) s.parameter_names.push_back(m.params.spec(i).name);
+  for (int i = 0; i < m.params.count(); ++i) {
+    s.parameter_names.push_back(m.params.spec(i).name);
+    s.parameter_sizes.push_back(m.params.numel(i));
+  }
   ArenaPlan plan;
   m.plan_buffers(plan);
   plan.plan();

@@ -84,6 +84,7 @@ struct UnetStructure {
   int blocks = 0, nodes = 0;
   double flops_per_step = 0;
   std::vector<std::string> parameter_names;
+  std::vector<int64_t> parameter_sizes;  // elements, same order
   // The arena the model plans, its buffers at their lifetimes, without the library workspaces
   // (cuDNN, cuBLASLt: known once plans are built on a GPU), and the largest of those: the
   // deterministic attention backward's, about B x heads x Sq x Skv x 2 bytes.

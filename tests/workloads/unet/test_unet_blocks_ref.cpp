@@ -1,4 +1,6 @@
 // The fp64 residual block and spatial transformer (workloads/unet/block_reference.h) on the CPU:
+// they are the blocks the GPU model builds (the same parameters, in ParamStore order and sizes, for
+// the tiny preset's first residual block with a shortcut and its first transformer);
 // every parameter's gradient, the input's and the timestep embedding's against central finite
 // differences of the forward, with and without the residual block's 1x1 shortcut, self-attention
 // over the pixels and cross-attention to a context longer and shorter than them; and the
@@ -12,6 +14,7 @@
 
 #include "tests/support/compare.h"
 #include "workloads/unet/block_reference.h"
+#include "workloads/unet/unet_workload.h"
 
 namespace replay::unet {
 namespace {
@@ -97,6 +100,38 @@ TEST(UnetBlockRef, TransformerGradientsMatchFiniteDifferences) {
       EXPECT_TRUE(grad_close("transformer parameter " + std::to_string(i) + at, *gs[i],
                              numeric_grad(*ps[i], loss), 1e-6));
   }
+}
+
+// The sizes of the model's parameters whose names start with `prefix`, in ParamStore order.
+std::vector<int64_t> model_sizes(const UnetStructure& s, const std::string& prefix) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < s.parameter_names.size(); ++i)
+    if (s.parameter_names[i].rfind(prefix, 0) == 0) out.push_back(s.parameter_sizes[i]);
+  return out;
+}
+template <typename P>
+std::vector<int64_t> reference_sizes(P& p) {
+  std::vector<int64_t> out;
+  for (Vec* v : p.all())
+    if (!v->empty()) out.push_back(static_cast<int64_t>(v->size()));
+  return out;
+}
+
+TEST(UnetBlockRef, ReferencesHaveTheModelsParametersInItsOrder) {
+  const UnetConfig c = preset_config("tiny");
+  const UnetStructure s = unet_structure(c);
+  ref::ResnetDims rd;  // down_blocks.1.resnets.0: 32 -> 64 channels, with the 1x1 shortcut
+  rd.Cin = c.channels(0), rd.Cout = c.channels(1), rd.T = c.time_dim(), rd.G = c.groups;
+  ref::ResnetParams rp = ref::ResnetParams::shaped_like(rd);
+  EXPECT_EQ(model_sizes(s, "down_blocks.1.resnets.0."), reference_sizes(rp));
+  rd.Cin = rd.Cout;  // down_blocks.1.resnets.1: no shortcut
+  rp = ref::ResnetParams::shaped_like(rd);
+  EXPECT_EQ(model_sizes(s, "down_blocks.1.resnets.1."), reference_sizes(rp));
+  ref::TransformerDims td;  // down_blocks.0.attentions.0
+  td.C = c.channels(0), td.D = c.context_dim, td.L = c.context_len, td.G = c.groups;
+  td.heads = c.channels(0) / c.head_dim;
+  ref::TransformerParams tp = ref::TransformerParams::shaped_like(td);
+  EXPECT_EQ(model_sizes(s, "down_blocks.0.attentions.0."), reference_sizes(tp));
 }
 
 TEST(UnetBlockRef, AttentionOfEqualKeysAveragesTheValues) {
