@@ -35,13 +35,13 @@ uint16_t bits16(float v, DType t) {
 
 float float16(uint16_t b, DType t) {
   if (t == DType::kFP16) {
-    __half h;
-    std::memcpy(&h, &b, 2);
-    return __half2float(h);
+    __half_raw r;
+    r.x = b;
+    return __half2float(__half(r));
   }
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
+  __nv_bfloat16_raw r;
+  r.x = b;
+  return __bfloat162float(__nv_bfloat16(r));
 }
 
 template <typename T>
@@ -189,6 +189,126 @@ TEST_P(RnntKernels, JointForwardBitwiseAndBackwardAgainstFp64) {
 
 INSTANTIATE_TEST_SUITE_P(Types, RnntKernels, ::testing::Values(DType::kFP16, DType::kBF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace replay::rnnt
+
+// ---- Greedy decoding's kernels against a CPU model of one step ----------------------------------
+
+namespace replay::rnnt {
+namespace {
+
+TEST_P(RnntKernels, DecodeStepMatchesTheCpuRules) {
+  const DType t = GetParam();
+  DecodeShape s;
+  s.batch = 6, s.vocab = 40, s.layers = 2, s.hidden = 24, s.blank = 39;
+  s.max_per_frame = 3, s.max_symbols = 5;
+  const int64_t B = s.batch, V = s.vocab, L = s.layers, H = s.hidden, Tn = 4, J = 16;
+  Dev<int32_t> ints(static_cast<size_t>(5 * B + 1)), tokens(static_cast<size_t>(B * 5)),
+      lens(static_cast<size_t>(B));
+  DecodeState st;
+  st.label = ints.p, st.frame = ints.p + B, st.at_frame = ints.p + 2 * B;
+  st.active = ints.p + 3 * B, st.flag = ints.p + 5 * B, st.tokens = tokens.p, st.lengths = lens.p;
+  const std::vector<int32_t> frames = {4, 0, 2, 1, 3, 4};  // utterance 1 is empty
+  Dev<int32_t> dframes(frames);
+  Dev<uint16_t> h(static_cast<size_t>(L * B * H)), c(static_cast<size_t>(L * B * H));
+  decode_init(st, h.p, c.p, t, dframes.p, s, nullptr);
+  std::vector<int32_t> hi = ints.down();
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_EQ(hi[b], s.blank);
+    EXPECT_EQ(hi[3 * B + b], frames[b] > 0 ? 1 : 0);
+  }
+  EXPECT_EQ(hi[5 * B], 1);
+  for (uint16_t x : h.down()) ASSERT_EQ(float16(x, t), 0.0f);
+
+  // The embedding row of each label, and the joint at each utterance's frame: bitwise.
+  const std::vector<uint16_t> table = random16(static_cast<size_t>(V * H), t, 11);
+  Dev<uint16_t> dtable(table), x(static_cast<size_t>(B * H));
+  std::vector<int32_t> lab = {0, 5, 39, 17, 2, 38};
+  Dev<int32_t> dlab(lab);
+  decode_embed(x.p, dtable.p, dlab.p, t, s, H, nullptr);
+  const std::vector<uint16_t> xh = x.down();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < H; ++j) ASSERT_EQ(xh[b * H + j], table[lab[b] * H + j]);
+  const std::vector<uint16_t> enc = random16(static_cast<size_t>(B * Tn * J), t, 12);
+  const std::vector<uint16_t> q = random16(static_cast<size_t>(B * J), t, 13);
+  std::vector<int32_t> fr = {0, 3, 1, 7, 2, 3};  // 7 is clamped to T - 1
+  Dev<uint16_t> denc(enc), dq(q), hj(static_cast<size_t>(B * J));
+  Dev<int32_t> dfr(fr);
+  decode_joint(hj.p, denc.p, dq.p, dfr.p, t, B, Tn, J, nullptr);
+  const std::vector<uint16_t> hjh = hj.down();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < J; ++j) {
+      const int64_t tt = std::min<int64_t>(fr[b], Tn - 1);
+      const float sum = float16(enc[(b * Tn + tt) * J + j], t) + float16(q[b * J + j], t);
+      ASSERT_EQ(hjh[b * J + j], bits16(sum > 0.0f ? sum : 0.0f, t)) << b << " " << j;
+    }
+
+  // Updates from a hand-set state: the argmax (ties to the lowest index), emit or advance, the
+  // per-frame and per-utterance limits, the committed LSTM state, the flag.
+  std::vector<int32_t> state(static_cast<size_t>(5 * B + 1), 0);
+  auto set = [&](int64_t b, int32_t label, int32_t frame, int32_t at, int32_t active) {
+    state[b] = label, state[B + b] = frame, state[2 * B + b] = at, state[3 * B + b] = active;
+  };
+  set(0, 39, 0, 0, 1);  // emits 7 (a tie with 9: the lowest index wins)
+  set(1, 39, 0, 0, 0);  // inactive: untouched
+  set(2, 39, 1, 0, 1);  // blank wins: advances to frame 2 = its length, done
+  set(3, 4, 0, 2, 1);   // emits its third symbol at this frame: advances to 1 = its length, done
+  set(4, 39, 0, 0, 1);  // its transcript is full after this symbol (length 4 of 5): done
+  set(5, 39, 1, 0, 1);  // emits
+  ints.up(state);
+  std::vector<int32_t> len0 = {0, 0, 0, 2, 4, 1};
+  lens.up(len0);
+  std::vector<float> logits(static_cast<size_t>(B * V));
+  std::mt19937 g(14);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (float& v : logits) v = d(g);
+  const int32_t winner[6] = {7, 3, 39, 12, 20, 0};
+  for (int64_t b = 0; b < B; ++b) logits[b * V + winner[b]] = 5.0f;
+  logits[0 * V + 9] = 5.0f;  // the tie
+  std::vector<uint16_t> lg(logits.size());
+  for (size_t i = 0; i < lg.size(); ++i) lg[i] = bits16(logits[i], t);
+  Dev<uint16_t> dlg(lg);
+  const std::vector<uint16_t> hy = random16(static_cast<size_t>(L * B * H), t, 15);
+  const std::vector<uint16_t> cy = random16(static_cast<size_t>(L * B * H), t, 16);
+  Dev<uint16_t> dhy(hy), dcy(cy);
+  const std::vector<int32_t> ulen = {4, 0, 2, 1, 3, 4};
+  Dev<int32_t> dulen(ulen);
+  decode_update(st, dlg.p, h.p, c.p, dhy.p, dcy.p, t, dulen.p, s, nullptr);
+  const std::vector<int32_t> out = ints.down(), ln = lens.down(), tk = tokens.down();
+  const std::vector<uint16_t> hh = h.down(), ch = c.down();
+  struct Want {
+    int32_t label, frame, at, active, len, token;
+    bool commit;
+  };
+  const Want want[6] = {{7, 0, 1, 1, 1, 7, true},    {39, 0, 0, 0, 0, -1, false},
+                        {39, 2, 0, 0, 0, -1, false}, {12, 1, 0, 0, 3, 12, true},
+                        {20, 0, 1, 0, 5, 20, true},  {0, 1, 1, 1, 2, 0, true}};
+  for (int64_t b = 0; b < B; ++b) {
+    SCOPED_TRACE(b);
+    EXPECT_EQ(out[b], want[b].label);
+    EXPECT_EQ(out[B + b], want[b].frame);
+    EXPECT_EQ(out[2 * B + b], want[b].at);
+    EXPECT_EQ(out[3 * B + b], want[b].active);
+    EXPECT_EQ(ln[b], want[b].len);
+    if (want[b].token >= 0) EXPECT_EQ(tk[b * 5 + ln[b] - 1], want[b].token);
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < H; ++j) {
+        const size_t i = static_cast<size_t>((l * B + b) * H + j);
+        ASSERT_EQ(hh[i], want[b].commit ? hy[i] : bits16(0.0f, t));
+        ASSERT_EQ(ch[i], want[b].commit ? cy[i] : bits16(0.0f, t));
+      }
+  }
+  EXPECT_EQ(out[5 * B], 1);  // utterances 0 and 5 are still active
+
+  // The store: slot counter mod slots, then the counter advances.
+  Dev<int32_t> otk(static_cast<size_t>(2 * B * 5)), oln(static_cast<size_t>(2 * B)),
+      counter(std::vector<int32_t>{3});
+  decode_store(otk.p, oln.p, counter.p, 2, st, s, nullptr);
+  const std::vector<int32_t> ol = oln.down();
+  for (int64_t b = 0; b < B; ++b) EXPECT_EQ(ol[B + b], ln[b]);  // slot 3 mod 2 = 1
+  EXPECT_EQ(counter.down()[0], 4);
+}
 
 }  // namespace
 }  // namespace replay::rnnt
