@@ -147,6 +147,8 @@ def main():
                     opt.zero_grad(set_to_none=False)
                     (loss_of(*data) * static_scale).backward()
             torch.cuda.current_stream().wait_stream(s)
+            # The gradients stay the same tensors for every rung's graph (the backward in each
+            # capture adds into them), zeroed before each replay.
             opt.zero_grad(set_to_none=False)
             g = torch.cuda.CUDAGraph()
             t0 = time.perf_counter()
@@ -172,11 +174,11 @@ def main():
                 end.record()
             else:
                 g, data, loss = graphs[(T, U)]
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
                 start.record()
+                torch._foreach_zero_(grads)
                 g.replay()
-                for p in model.parameters():
-                    if p.grad is not None:
-                        p.grad.div_(static_scale)
+                torch._foreach_div_(grads, static_scale)
                 opt.step()
                 end.record()
             torch.cuda.synchronize()
