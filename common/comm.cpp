@@ -4,9 +4,12 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -263,26 +266,48 @@ Watchdog::Watchdog(const World& w, std::vector<Communicator*> comms, const Colle
                    double timeout_s)
     : world_(w), comms_(std::move(comms)), log_(log), timeout_s_(timeout_s) {}
 
+namespace {
+
+// The watchdog's end of a run: the message first, then the communicators aborted and the job
+// ended without unwinding. Unwinding would free device memory and destroy graphs, which waits for
+// the collective kernels still spinning on the stalled rank's data (cudaFree synchronizes), and
+// ncclCommAbort itself may wait for them: it gets a few seconds on its own thread.
+[[noreturn]] void give_up(const std::string& message, const std::vector<Communicator*>& comms) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread([comms, done] {
+    for (Communicator* c : comms) c->abort();
+    done->store(true);
+  }).detach();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!done->load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done->load()) std::fprintf(stderr, "(ncclCommAbort did not return within 10 s)\n");
+  abort_world(1);
+}
+
+}  // namespace
+
 void Watchdog::poll(const char* what, std::chrono::steady_clock::time_point t0) {
   for (Communicator* c : comms_) {
     const std::string e = c->async_error();
-    if (!e.empty()) {
-      for (Communicator* a : comms_) a->abort();
-      throw_error("NCCL", e, what, __FILE__, __LINE__,
-                  "communicator '" + c->name() + "' failed on host " + world_.host +
-                      "; last collective enqueued: " + (log_ ? log_->last() : std::string("?")));
-    }
+    if (!e.empty())
+      give_up("NCCL error: " + e + " while waiting for " + what + ": communicator '" + c->name() +
+                  "' failed on rank " + std::to_string(world_.rank) + ", host " + world_.host +
+                  "; last collective enqueued: " + (log_ ? log_->last() : std::string("?")),
+              comms_);
   }
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (waited > timeout_s_) {
-    for (Communicator* a : comms_) a->abort();
     std::ostringstream os;
-    os << "rank " << world_.rank << " on host " << world_.host << " waited " << timeout_s_
-       << " s (--comm-timeout-s) for " << what << "; the communicators were aborted. Last "
-       << "collective enqueued: " << (log_ && !log_->last().empty() ? log_->last() : "none")
+    os << "replay: collective timeout: rank " << world_.rank << " on host " << world_.host
+       << " waited " << timeout_s_ << " s (--comm-timeout-s) for " << what
+       << "; the communicators are aborted and the job ends. Last collective enqueued: "
+       << (log_ && !log_->last().empty() ? log_->last() : "none")
        << ". Another rank is stalled or gone";
-    throw_error("replay", "collective timeout", what, __FILE__, __LINE__, os.str());
+    give_up(os.str(), comms_);
   }
   std::this_thread::sleep_for(std::chrono::microseconds(50));
 }

@@ -17,7 +17,8 @@
 // enqueued, captured or not, is kept for the watchdog's message.
 //
 // Watchdog: a wait on the step path polls the communicators' asynchronous errors and gives up after
-// a timeout with ncclCommAbort and a message naming the rank, the host and the last collective.
+// a timeout with a message naming the rank, the host and the last collective, ncclCommAbort and
+// the end of the job.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -117,9 +118,11 @@ class Communicator {
 // Throws Error on every rank when they differ, naming the first differing collective on each side.
 void check_same_collectives(const World& w, const CollectiveLog& log);
 
-// Polls `done` until it returns true; in between, each communicator's asynchronous error, and
-// after `timeout` aborts them all and throws, naming this rank, its host and the last collective
-// enqueued. A world of one just calls `done` until true.
+// Polls `done` until it returns true; in between, each communicator's asynchronous error. After
+// `timeout` (or on an asynchronous error) it prints a message naming this rank, its host, what it
+// waited for and the last collective enqueued, aborts the communicators and ends the job
+// (abort_world) without unwinding: freeing device memory or destroying graphs would wait for the
+// collective kernels that are still spinning. A world of one just calls `done` until true.
 class Watchdog {
  public:
   Watchdog(const World& w, std::vector<Communicator*> comms, const CollectiveLog* log,

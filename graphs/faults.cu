@@ -60,6 +60,9 @@ const std::vector<FaultInfo>& fault_catalogue() {
       {Fault::kCollectiveMismatch, "collective-mismatch",
        "data parallel (--dp 2+, --graphs full): rank 1 captures one extra all-reduce; the capture "
        "check names it before the first replay, which would hang"},
+      {Fault::kRankStall, "rank-stall",
+       "multi-GPU (2+ processes): rank 1 stops enqueuing before step 2, as a hung host thread "
+       "would; the other ranks' watchdog gives up after --comm-timeout-s and names the wait"},
   };
   return faults;
 }
@@ -106,7 +109,8 @@ FaultInjector::~FaultInjector() {
 }
 
 void FaultInjector::add_args(RegionArgs& args) {
-  if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch) return;
+  if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch || fault_ == Fault::kRankStall)
+    return;
   args.write("fault.probe", TensorView(buffers_, DType::kFP32, {kProbe}));
   if (fault_ == Fault::kStaleInput) {
     // The bug: a new buffer every call (as a loader handing out fresh tensors), where a graph keeps
@@ -122,6 +126,7 @@ void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
   switch (fault_) {
     case Fault::kNone:
     case Fault::kCollectiveMismatch:  // planted by the trainer's optimizer, among its collectives
+    case Fault::kRankStall:           // planted by the trainer's step loop
       return;
     case Fault::kHostSync:
       // Harmless eagerly (a stall); forbidden while capturing.

@@ -25,6 +25,7 @@ enum class Fault {
   kUnjoinedStream,      // a side stream forked in the region and never joined (C5)
   kLegacyStream,        // a kernel launched on the legacy default stream (C7, N11)
   kCollectiveMismatch,  // data parallel: rank 1 captures one extra all-reduce (train/trainer.cpp)
+  kRankStall,           // multi-GPU: rank 1 stops enqueuing before step 2 (train/trainer.cpp)
 };
 
 // One entry of the catalogue.

@@ -66,6 +66,19 @@ write_reports() {
     python3 scripts/report.py time-to-train --dir "$out/time_to_train" --out "$out/time_to_train" \
       && { echo; cat "$out/time_to_train/time_to_train_summary.md"; } >>"$out/summary.md"
   fi
+  local dir title
+  for dir in unet moe rnnt multi_gpu; do
+    case $dir in
+      unet) title="Stable Diffusion v2 UNet (replay-unet): graph modes, batch sweep, PyTorch" ;;
+      moe) title="DeepSeek-V3 shard (replay-moe): graph modes and scopes" ;;
+      rnnt) title="RNN-T (replay-rnnt): graph modes on the ladder" ;;
+      multi_gpu) title="Many GPUs: tensor and data parallelism against the one-GPU shard" ;;
+    esac
+    if ls "$out/$dir"/*.json >/dev/null 2>&1; then
+      python3 scripts/report.py runs --dir "$out/$dir" --out "$out/$dir" --title "$title" \
+        && { echo; cat "$out/$dir/runs_summary.md"; } >>"$out/summary.md"
+    fi
+  done
   echo "bench.sh: wrote $out/summary.md"
 }
 
@@ -206,6 +219,64 @@ if [ -x "$bin/replay-gpt3" ]; then
       run "replay_gpt3_tiny_${mode}_delay${delay}us" "$bin/replay-gpt3" --preset tiny --graphs "$mode" \
         --steps 20 --seed 1234 --host-delay-us "$delay" --json "$out/replay_gpt3_tiny_${mode}_delay${delay}us.json"
     done
+  done
+fi
+
+# The Stable Diffusion v2 UNet at NVIDIA's 32 images per GPU in the three modes, a batch sweep where
+# launches matter (1 and 8 images), and a PyTorch UNet of the same architecture, eager and captured.
+if [ -x "$bin/replay-unet" ]; then
+  mkdir -p "$out/unet"
+  for mode in none layer full; do
+    run "unet/replay_unet_sd2-b32_$mode" "$bin/replay-unet" --preset sd2-b32 --graphs "$mode" \
+      --steps "$([ "$quick" = 1 ] && echo 10 || echo 30)" --seed 1234 --json "$out/unet/replay_unet_sd2-b32_$mode.json"
+  done
+  for b in 1 8; do
+    for mode in none full; do
+      run "unet/replay_unet_b${b}_$mode" "$bin/replay-unet" --preset sd2-b32 --batch "$b" --graphs "$mode" \
+        --steps 10 --seed 1234 --json "$out/unet/replay_unet_b${b}_$mode.json"
+    done
+  done
+  if [ "$have_torch" = 1 ]; then
+    for mode in none full; do
+      PYTHONUNBUFFERED=1 run "unet/pytorch_unet_sd2-b32_$mode" python3 scripts/pytorch_unet.py --batch 32 \
+        --graphs "$mode" --steps 10 --json "$out/unet/pytorch_unet_sd2-b32_$mode.json"
+    done
+  fi
+fi
+
+# The DeepSeek-V3 shard (one GPU of TP2 x PP8 x EP32) in the three modes and Megatron's scoped graphs,
+# the parts timed alone (router and dispatch against the experts), and PyTorch's grouped expert GEMMs.
+if [ -x "$bin/replay-moe" ]; then
+  mkdir -p "$out/moe"
+  moe_steps=$([ "$quick" = 1 ] && echo 5 || echo 10)
+  for mode in none layer full; do
+    run "moe/replay_moe_671b-ep32_$mode" "$bin/replay-moe" --preset 671b-ep32 --graphs "$mode" --steps "$moe_steps" \
+      --seed 1234 --json "$out/moe/replay_moe_671b-ep32_$mode.json"
+  done
+  run moe/replay_moe_671b-ep32_scoped "$bin/replay-moe" --preset 671b-ep32 --graphs layer \
+    --graph-scope attn,moe_router,moe_preprocess --steps "$moe_steps" --seed 1234 \
+    --json "$out/moe/replay_moe_671b-ep32_scoped.json"
+  [ -x "$bin/replay-moe-parts" ] && run moe/replay_moe_parts bash -c \
+    "'$bin/replay-moe-parts' --preset 671b-ep32 --seed 1234 | tail -n 1 > '$out/moe/replay_moe_parts.json'"
+  [ "$have_torch" = 1 ] && run moe/pytorch_moe python3 scripts/pytorch_moe.py --json "$out/moe/pytorch_moe_gemms.json"
+fi
+
+# Many GPUs, when more than one is visible: GPT-3 175B at real tensor parallelism over every GPU (up
+# to 4), beside the same shard on one GPU with its collectives not run (the cost of communication),
+# and data parallelism over 2 GPUs, each in the three graph modes.
+ngpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
+if [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 && [ -x "$bin/replay-gpt3" ]; then
+  mkdir -p "$out/multi_gpu"
+  [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  tp=$([ "$ngpus" -ge 4 ] && echo 4 || echo 2)
+  mg_steps=$([ "$quick" = 1 ] && echo 10 || echo 30)
+  for mode in none layer full; do
+    run "multi_gpu/replay_gpt3_175b_tp${tp}_${mode}" mpiexec -n "$tp" "$bin/replay-gpt3" --preset 175b-tp4 --tp "$tp" \
+      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}_$mode.json"
+    run "multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_${mode}" "$bin/replay-gpt3" --preset 175b-tp4 --tp "$tp" \
+      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_$mode.json"
+    run "multi_gpu/replay_gpt3_175b-tp4_dp2_${mode}" mpiexec -n 2 "$bin/replay-gpt3" --preset 175b-tp4 --dp 2 \
+      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_$mode.json"
   done
 fi
 

@@ -1236,6 +1236,61 @@ def report_time_to_train(directory, out_dir):
     return md
 
 
+def _runs_row(name, doc):
+    step = (doc.get("step_ms") or {}).get("median")
+    thr = doc.get("throughput") or {}
+    unit, value = next(((k, v) for k, v in thr.items() if k != "samples_per_s"), (None, None))
+    par = doc.get("parallel") or {}
+    layout = f"tp{par.get('tensor_parallel', 1)} x dp{par.get('data_parallel', 1)}" if par else "-"
+    peak = (doc.get("memory") or {}).get("peak_bytes")
+    mfu = doc.get("mfu")
+    return [name, doc.get("preset", "-"), doc.get("graphs", "-"), layout,
+            f"{step:.3f}" if step is not None else "-",
+            f"{value:,.0f} {unit.replace('_per_s', '/s')}" if value is not None else "-",
+            f"{100 * mfu:.1f}%" if isinstance(mfu, (int, float)) else "-",
+            f"{peak / 2**30:.2f}" if peak else "-", doc.get("loss_hash", "-")]
+
+
+def report_runs(directory, out_dir, title):
+    """Writes out_dir/runs_summary.md: one row per JSON run in `directory` (any tool writing
+    reports/SCHEMA.md's fields: replay's workloads, the PyTorch baselines), sorted by name, and per
+    workload and preset whether replay's loss hashes agree across its graph modes. Returns the path."""
+    docs = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".json"):
+            continue
+        try:
+            doc = load_json(os.path.join(directory, name))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and "step_ms" in doc:
+            docs.append((name[:-5], doc))
+    _require(docs, directory, "no run JSON (with step_ms) in it")
+    lines = [f"# {title}", "",
+             *table(["run", "preset", "graphs", "layout", "median step (ms)", "throughput", "MFU",
+                     "peak memory (GiB)", "loss hash"], [_runs_row(n, d) for n, d in docs]), ""]
+    groups = {}
+    for name, doc in docs:
+        if str(doc.get("tool", "")).startswith("replay"):
+            par = doc.get("parallel") or {}
+            # Runs of one configuration: what the graph mode or scope changes is left out.
+            config = {k: v for k, v in (doc.get("config") or {}).items() if "graph" not in k}
+            key = (doc.get("workload"), doc.get("preset"), par.get("tensor_parallel", 1), par.get("data_parallel", 1),
+                   json.dumps(config, sort_keys=True))
+            groups.setdefault(key, {})[f"{name} ({doc.get('graphs')})"] = doc.get("loss_hash")
+    for (workload, preset, tp, dp, _), hashes in groups.items():
+        if len(hashes) > 1:
+            same = len(set(hashes.values())) == 1
+            lines.append(f"- {workload} {preset} tp{tp} x dp{dp}: loss hashes "
+                         + ("identical in " + ", ".join(hashes) if same
+                            else "DIFFER: " + ", ".join(f"{n} {h}" for n, h in hashes.items())))
+    os.makedirs(out_dir, exist_ok=True)
+    md = os.path.join(out_dir, "runs_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return md
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1261,6 +1316,12 @@ def build_parser():
     ttt.add_argument("--dir", required=True, help="directory holding the runs' JSON")
     ttt.add_argument("--out", default=None, help="output directory (default: --dir)")
     ttt.set_defaults(func=lambda a: report_time_to_train(a.dir, a.out or a.dir))
+    runs = sub.add_parser("runs", help="one table of every run JSON in a directory (the UNet, MoE, RNN-T and "
+                                       "multi-GPU sections), with the loss hashes compared across modes")
+    runs.add_argument("--dir", required=True, help="directory holding the runs' JSON")
+    runs.add_argument("--out", default=None, help="output directory (default: --dir)")
+    runs.add_argument("--title", default="Runs", help="the section's heading")
+    runs.set_defaults(func=lambda a: report_runs(a.dir, a.out or a.dir, a.title))
     return parser
 
 

@@ -158,23 +158,30 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // Data first: a missing or malformed file is an error before any GPU work. So are a checkpoint
   // to resume from that is not this run's, and a save directory that cannot be written.
-  // The ranks: one process per GPU, every one of them data-parallel for now.
+  // The ranks: one process per GPU, in groups of --tp (consecutive ranks, as Megatron orders
+  // them) that split one model, and --dp such groups that split the batch.
   const comm::World& world = comm::world();
-  const int dp = f.dp > 0 ? f.dp : world.size;
-  if (dp != world.size)
-    throw bench::UsageError("--dp " + std::to_string(dp) + ": the launch has " +
-                            std::to_string(world.size) +
-                            " processes, and data parallelism is the only layout across processes "
-                            "so far (--dp must equal the process count)");
-  if (f.inject == "collective-mismatch" && (dp < 2 || f.graphs != "full"))
+  const int tp = world.size > 1 && f.tp > 1 ? f.tp : 1;
+  if (world.size % tp != 0)
+    throw bench::UsageError("--tp " + std::to_string(tp) + ": the launch has " +
+                            std::to_string(world.size) + " processes, not a multiple of it");
+  const int dp = f.dp > 0 ? f.dp : world.size / tp;
+  if (dp * tp != world.size)
+    throw bench::UsageError("--tp " + std::to_string(tp) + " x --dp " + std::to_string(dp) +
+                            " must be the launch's " + std::to_string(world.size) + " processes");
+  const int tp_rank = world.rank % tp, dp_rank = world.rank / tp;
+  if (dp * tp > 1 && !f.dump_step.empty())
     throw bench::UsageError(
-        "--inject collective-mismatch: plants a captured collective in the optimizer of rank 1 "
-        "of a data-parallel run; give --dp 2 or more (under mpiexec) and --graphs full (the "
-        "optimizer runs eagerly in layer mode)");
-  if (dp > 1 && !f.dump_step.empty())
+        "--dump-step: a parallel step keeps only a share of each gradient; "
+        "dump a one-process run");
+  if (dp * tp == 1 && f.inject == "rank-stall")
     throw bench::UsageError(
-        "--dump-step: a data-parallel step keeps only a share of each "
-        "gradient; dump a one-process run");
+        "--inject rank-stall: needs 2 or more processes (mpiexec -n 2 ...): one process has no "
+        "other rank to wait for it");
+  if (tp > 1 && (!f.save.empty() || !f.load.empty()))
+    throw bench::UsageError(
+        "--save/--load: checkpoints of tensor-parallel runs are not written "
+        "yet (one file per shard is missing)");
   const bool leader = world.rank == 0;  // writes the JSON, the mllog and the checkpoints
 
   w.open_data(f, out);
@@ -189,17 +196,27 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   const EnvironmentReport env = ctx.environment();
   std::fputs(env.to_text().c_str(), out);
   if (world.size > 1)
-    std::fprintf(out, "# world: %d ranks (data parallel %d), rank %d on %s, GPU %d\n", world.size,
-                 dp, world.rank, world.host.c_str(), world.local_rank);
+    std::fprintf(
+        out, "# world: %d ranks (tensor parallel %d x data parallel %d), rank %d on %s, GPU %d\n",
+        world.size, tp, dp, world.rank, world.host.c_str(), world.local_rank);
 
   // Communicators before any capture; declared before the trainer, so destroyed after its graphs.
   comm::CollectiveLog collectives;
   std::unique_ptr<comm::Communicator> dp_comm;
   std::unique_ptr<comm::Watchdog> watchdog;
-  if (dp > 1) {
-    dp_comm = std::make_unique<comm::Communicator>(world, "data-parallel", 0, &collectives);
-    watchdog = std::make_unique<comm::Watchdog>(
-        world, std::vector<comm::Communicator*>{dp_comm.get()}, &collectives, f.comm_timeout_s);
+  std::unique_ptr<comm::Communicator> tp_comm;
+  if (tp > 1)
+    tp_comm = std::make_unique<comm::Communicator>(world, "tensor-parallel", world.rank / tp,
+                                                   &collectives);
+  if (dp > 1)
+    dp_comm =
+        std::make_unique<comm::Communicator>(world, "data-parallel", world.rank % tp, &collectives);
+  if (dp * tp > 1) {
+    std::vector<comm::Communicator*> comms;
+    for (comm::Communicator* c : {tp_comm.get(), dp_comm.get()})
+      if (c != nullptr) comms.push_back(c);
+    watchdog =
+        std::make_unique<comm::Watchdog>(world, std::move(comms), &collectives, f.comm_timeout_s);
     if (f.warmup < 1 && f.graphs != "none")
       throw bench::UsageError(
           "--warmup: a data-parallel run captures NCCL collectives, whose first call must be "
@@ -214,8 +231,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   mllog.start(k::kInitStart);
 
   // The model and the arena.
+  if (!w.set_tensor_parallel(tp_rank, tp, tp_comm.get()))
+    throw bench::UsageError("--tp: " + info.tool + "'s model cannot be split over processes");
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
-  if (dp > 1 && !model->shard_data(dp_comm->rank(), dp))
+  if (dp > 1 && !model->shard_data(dp_rank, dp))
     throw bench::UsageError("--dp: " + info.tool + "'s model cannot split its batches over ranks");
   double target_quality = f.target_quality;
   if (!std::isnan(f.target_above_floor)) {
@@ -235,6 +254,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.fault = graphs::parse_fault(f.inject);
   topt.evaluate = f.eval_interval > 0;
   topt.data_parallel = dp_comm.get();
+  topt.tensor_parallel = tp_comm.get();
   topt.watchdog = watchdog.get();
   Trainer trainer(ctx, *model, training, topt);
   std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", model->describe().c_str(),
@@ -294,7 +314,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
   }
   // What each rank captured must match before the first replay, or the replay would hang.
-  if (graphed && dp_comm) {
+  if (graphed && world.size > 1) {
     comm::check_same_collectives(world, collectives);
     std::fprintf(out, "# capture check: %zu collectives captured, the same on all %d ranks\n",
                  collectives.captured().size(), world.size);
@@ -449,6 +469,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   rep.world_size = world.size;
   rep.data_parallel = dp;
+  rep.tensor_parallel = tp;
   rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
 
   std::fputs(bench::summary(rep).c_str(), out);

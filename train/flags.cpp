@@ -137,6 +137,11 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
   app.add_option("--dump-step", f.dump_step,
                  "write the first step's loss, gradients and batch to this safetensors file (a "
                  "cross-check with another tool)");
+  app.add_option("--tp", f.tp,
+                 "tensor-parallel degree of the shard (0: the preset's); under mpiexec each group "
+                 "of --tp processes runs one model with its collectives, one process alone "
+                 "computes rank 0's shard")
+      ->check(integer_in(0, 1024));
   app.add_option("--dp", f.dp,
                  "data-parallel ranks (launch one process per GPU with mpiexec or srun; 0: all of "
                  "them)")

@@ -2,7 +2,8 @@
 // --warmup, --seed, --data, --json, --mllog, --verify-graphs, --host-delay-us, --log-interval,
 // --device, --inject, --eval-interval, --eval-samples, --target-quality, --target-above-floor,
 // --save, --save-interval,
-// --load, --dump-step, --dp, --comm-timeout-s, --print-config, and the schedule's --lr, --min-lr,
+// --load, --dump-step, --tp, --dp, --comm-timeout-s, --print-config, and the schedule's --lr,
+// --min-lr,
 // --warmup-steps,
 // --decay-steps), parsed with CLI11 together with the flags a workload adds for itself (--layers,
 // --dropout, ...), and the validators both use, whose messages say what was expected ("--steps:
@@ -47,8 +48,9 @@ struct RunFlags {
   int64_t save_interval = 0;        // steps between checkpoints; 0: at the end only
   std::string load;                 // resume from this checkpoint file or directory; empty: fresh
   std::string dump_step;            // write the first step's loss, gradients and batch here
-  int dp = 0;                       // data-parallel ranks (0: every rank of the launch)
-  double comm_timeout_s = 300;      // the watchdog's limit on a wait for the other ranks
+  int tp = 0;  // tensor-parallel degree of the shard (0: the preset's); processes per TP group
+  int dp = 0;  // data-parallel ranks (0: every rank of the launch)
+  double comm_timeout_s = 300;  // the watchdog's limit on a wait for the other ranks
   // The learning-rate schedule, overriding the preset's where set (NaN, -1: the preset's).
   double lr = NAN;            // peak (base) learning rate
   double min_lr = NAN;        // the rate the decay ends at

@@ -32,6 +32,12 @@ int64_t ParamStore::total_numel() const {
   return n;
 }
 
+void ParamStore::set_tensor_parallel(int rank, int count) {
+  REPLAY_REQUIRE(count >= 1 && rank >= 0 && rank < count, "ParamStore::set_tensor_parallel");
+  tp_rank_ = rank;
+  tp_count_ = count;
+}
+
 void ParamStore::set_shard(int rank, int count) {
   REPLAY_REQUIRE(!planned_, "ParamStore::set_shard after plan");
   REPLAY_REQUIRE(count >= 1 && rank >= 0 && rank < count, "ParamStore::set_shard: bad rank");
@@ -115,6 +121,36 @@ TensorView ParamStore::grad_range(ParamId first, ParamId last) const {
   return range(grads_, DType::kFP32, first, last);
 }
 
+InitSlice ParamStore::tp_slice(ParamId id) const {
+  const ParamSpec& s = spec(id);
+  REPLAY_REQUIRE(!s.shape.empty(), "ParamStore: " + s.name + " has no shape to split");
+  const int64_t n = numel(id), tp = tp_count_;
+  InitSlice slice;
+  if (s.tp_split == TpSplit::kCols) {
+    slice.cols = s.shape.back();
+    slice.rows[0] = n / slice.cols;
+    slice.full_cols = slice.cols * tp;
+    slice.col_offset = slice.cols * tp_rank_;
+    return slice;
+  }
+  const std::vector<int64_t> sections =
+      s.tp_sections.empty() ? std::vector<int64_t>{s.shape[0]} : s.tp_sections;
+  REPLAY_REQUIRE(sections.size() <= 4, "ParamStore: " + s.name + " has more than 4 sections");
+  slice.sections = static_cast<int>(sections.size());
+  slice.cols = slice.full_cols = n / s.shape[0];
+  int64_t at = 0, rows = 0;
+  for (size_t k = 0; k < sections.size(); ++k) {
+    slice.rows[k] = sections[k];
+    slice.full_row[k] = at + tp_rank_ * sections[k];
+    at += sections[k] * tp;
+    rows += sections[k];
+  }
+  REPLAY_REQUIRE(rows == s.shape[0], "ParamStore: the sections of " + s.name +
+                                         " do not add up to its " + std::to_string(s.shape[0]) +
+                                         " rows");
+  return slice;
+}
+
 void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
   REPLAY_REQUIRE(weights_ != nullptr, "ParamStore::initialize before bind");
   const auto n = static_cast<size_t>(end_);
@@ -130,7 +166,14 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
     for (const TensorView& t : {fp32, model}) {
       switch (s.init) {
         case ParamInit::kNormal:
-          init_normal(t, seed, static_cast<uint64_t>(id) + 1, 0.0f, s.stddev, stream);
+          if (tp_count_ > 1 && s.tp_split != TpSplit::kNone)
+            init_normal_slice(t, tp_slice(id), seed, static_cast<uint64_t>(id) + 1, 0.0f, s.stddev,
+                              stream);
+          else
+            init_normal(t, seed,
+                        static_cast<uint64_t>(id) + 1 +
+                            (s.tp_replicated ? 0u : static_cast<uint64_t>(tp_rank_) << 16),
+                        0.0f, s.stddev, stream);
           break;
         case ParamInit::kZeros:
           init_constant(t, 0.0f, stream);
@@ -148,7 +191,7 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
         weight_dtype_, {p.length});
     adamw.add(masters_ + at, model, grads_ + at, m_ + at, v_ + at, p.length,
               spec(p.id).weight_decay);
-    norms.add(grads_ + at, p.length);
+    if (tp_rank_ == 0 || !spec(p.id).tp_replicated) norms.add(grads_ + at, p.length);
   }
   adamw_table_ = adamw.build(adamw_table_memory_, adamw_table_bytes_, stream);  // synchronizes
   grad_norm_table_ = norms.build(norm_table_memory_, norm_table_bytes_, stream);

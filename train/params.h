@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/arena.h"
+#include "common/kernels/init.h"
 #include "common/optim/adamw.h"
 #include "common/optim/grad_norm.h"
 #include "common/check.h"
@@ -22,12 +23,25 @@ namespace replay::train {
 
 enum class ParamInit : uint8_t { kNormal, kZeros, kOnes };
 
+// Tensor parallelism: how one rank's tensor sits in the full tensor, so that initialize() draws
+// for it the full tensor's numbers (init_normal_slice) and the ranks together start from the
+// one-process model. kRows: the rank holds tp_sections[s] rows of each section of the full tensor
+// (one section for a column-parallel weight or the vocabulary; q, k and v of a fused QKV weight;
+// gate and up of a fused SwiGLU weight); kCols: an equal block of every row's columns (a
+// row-parallel weight).
+enum class TpSplit : uint8_t { kNone, kRows, kCols };
+
 struct ParamSpec {
   std::string name;            // "layer3.mlp.fc1.weight"
   std::vector<int64_t> shape;  // row-major; a linear layer's weight is [out, in]
   ParamInit init = ParamInit::kNormal;
   float stddev = 0.02f;      // kNormal: N(0, stddev^2)
   bool weight_decay = true;  // matrices and embeddings decay; biases and norm parameters do not
+  // Tensor parallelism: the same tensor on every rank of the group (norms, row-parallel biases,
+  // position embeddings), drawn alike and counted once in the gradient norm.
+  bool tp_replicated = false;
+  TpSplit tp_split = TpSplit::kNone;
+  std::vector<int64_t> tp_sections;  // kRows: this rank's rows per section (empty: one section)
 };
 
 using ParamId = int;
@@ -59,6 +73,12 @@ class ParamStore {
   // reduce-scattered into the share and the weights all-gathered from the shares
   // (train/trainer.cpp).
   void set_shard(int rank, int count);
+  // Tensor parallelism, before initialize(): this process is rank `rank` of `count`. A tensor with
+  // a tp_split draws its slice of the full tensor's numbers (the ranks together hold what one
+  // process draws); a sharded one without draws its own per rank (Philox stream id + 1 + rank x
+  // 65536); replicated ones draw the same everywhere, and only rank 0's gradient-norm table holds
+  // them, so the norm's sum of squares summed over the group counts every parameter once.
+  void set_tensor_parallel(int rank, int count);
   int shard_rank() const { return shard_rank_; }
   int shard_count() const { return shard_count_; }
   int64_t shard_begin() const { return end_ / shard_count_ * shard_rank_; }
@@ -104,6 +124,7 @@ class ParamStore {
 
  private:
   TensorView range(void* base, DType dtype, ParamId first, ParamId last) const;
+  InitSlice tp_slice(ParamId id) const;  // where a tp_split tensor sits in the full one
 
   DType weight_dtype_;
   std::vector<ParamSpec> specs_;
@@ -111,6 +132,7 @@ class ParamStore {
   int64_t end_ = 0;
   bool planned_ = false;
   int shard_rank_ = 0, shard_count_ = 1;
+  int tp_rank_ = 0, tp_count_ = 1;
   // The pieces of the tensors in this rank's share: (tensor, first element, length).
   struct Piece {
     ParamId id;

@@ -3,7 +3,10 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include <chrono>
+#include <cstdio>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "common/check.h"
@@ -21,9 +24,10 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
   if (dp != nullptr) {
     REPLAY_REQUIRE(dp->size() > 1, "Trainer: a data-parallel group of one rank");
     model_.params().set_shard(dp->rank(), dp->size());
-    // The grad norm's sum of squares (a double), then a float the planted fault reduces.
-    sumsq_id_ = plan_.add("dp.grad_sumsq", DType::kFP32, 4, "optimizer");
   }
+  if (dp != nullptr || options_.tensor_parallel != nullptr)
+    // The grad norm's sum of squares (a double), then a float the planted fault reduces.
+    sumsq_id_ = plan_.add("grad_norm.sumsq", DType::kFP32, 4, "optimizer");
   model_.plan(plan_);
   scalars_id_ = plan_step_scalars(plan_);
   rng_id_ = graphs::RngTracker::plan(plan_, kRngStreams);
@@ -118,7 +122,9 @@ void Trainer::build_step_plan() {
         break;
       }
     fault_region_ = options_.fault == graphs::Fault::kCollectiveMismatch ? std::string("optimizer")
-                                                                         : regions[planted].name;
+                    : options_.fault == graphs::Fault::kRankStall
+                        ? std::string("the step loop of rank 1, before step 2")
+                        : regions[planted].name;
   }
   for (size_t i = 0; i < regions.size(); ++i)
     step_plan_->add_region(wrap(std::move(regions[i]), i == planted));
@@ -152,29 +158,35 @@ void Trainer::optimizer_step(cudaStream_t s) const {
   const ParamStore& params = model_.params();
   const TrainingConfig& t = training_;
   comm::Communicator* dp = options_.data_parallel;
+  comm::Communicator* tp = options_.tensor_parallel;
   begin_step(scalars_, s);
-  if (dp == nullptr) {
+  if (dp == nullptr && tp == nullptr) {
     clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
                    params.grad_norm_workspace_bytes(), s);
   } else {
-    // The ranks' mean gradient, this rank's share of it in place; the norm over every share.
-    float* g = params.grads().as<float>(DType::kFP32);
-    const auto share = static_cast<size_t>(params.shard_numel());
-    dp->reduce_scatter(g, g + params.shard_begin(), share, ncclFloat32, ncclAvg, s);
+    if (dp != nullptr) {  // the ranks' mean gradient, this rank's share of it in place
+      float* g = params.grads().as<float>(DType::kFP32);
+      const auto share = static_cast<size_t>(params.shard_numel());
+      dp->reduce_scatter(g, g + params.shard_begin(), share, ncclFloat32, ncclAvg, s);
+    }
+    // The norm over every data-parallel share and every tensor-parallel shard.
     grad_norm_sumsq(params.grad_norm_table(), sumsq_, params.grad_norm_workspace(),
                     params.grad_norm_workspace_bytes(), s);
-    dp->all_reduce(sumsq_, sumsq_, 1, ncclFloat64, ncclSum, s);
+    if (tp != nullptr) tp->all_reduce(sumsq_, sumsq_, 1, ncclFloat64, ncclSum, s);
+    if (dp != nullptr) dp->all_reduce(sumsq_, sumsq_, 1, ncclFloat64, ncclSum, s);
     grad_norm_from_sumsq(sumsq_, t.clip_norm, &scalars_->loss_scale, &scalars_->grad_norm,
                          &scalars_->grad_scale, &scalars_->found_inf, s);
-    dp->all_reduce(&scalars_->loss, &scalars_->loss, 1, ncclFloat32, ncclAvg, s);
-    if (options_.fault == graphs::Fault::kCollectiveMismatch && dp->rank() == 1) {
-      // --inject collective-mismatch: one all-reduce more on rank 1, captured only (an eager
-      // extra collective would pair with the other ranks' next one and hang the warm-up).
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      REPLAY_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-      float* scratch = reinterpret_cast<float*>(sumsq_ + 1);
-      if (capturing == cudaStreamCaptureStatusActive)
-        dp->all_reduce(scratch, scratch, 1, ncclFloat32, ncclSum, s);
+    if (dp != nullptr) {
+      dp->all_reduce(&scalars_->loss, &scalars_->loss, 1, ncclFloat32, ncclAvg, s);
+      if (options_.fault == graphs::Fault::kCollectiveMismatch && dp->rank() == 1) {
+        // --inject collective-mismatch: one all-reduce more on rank 1, captured only (an eager
+        // extra collective would pair with the other ranks' next one and hang the warm-up).
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        REPLAY_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+        float* scratch = reinterpret_cast<float*>(sumsq_ + 1);
+        if (capturing == cudaStreamCaptureStatusActive)
+          dp->all_reduce(scratch, scratch, 1, ncclFloat32, ncclSum, s);
+      }
     }
   }
   prepare_optimizer(t.schedule, scalars_, s);
@@ -247,12 +259,28 @@ void Trainer::prepare() {
 
 void Trainer::step() {
   if (!step_plan_->prepared()) prepare();
+  if (options_.fault == graphs::Fault::kRankStall && steps_enqueued_ == 2 && stalls_here()) {
+    // --inject rank-stall: this host thread stops, as a hung one would; the other ranks' GPUs
+    // wait in this step's first collective and their watchdog ends the job.
+    std::fprintf(stderr, "--inject rank-stall: this rank stops enqueuing before step 2\n");
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  steps_enqueued_ += 1;
   step_plan_->run_step(ctx_.stream(), key_);
   readback_->step_enqueued(ctx_.stream());
 }
 
+bool Trainer::stalls_here() const {
+  // Rank 1 of the first group that has one, rank 0 of the other: one process of the world.
+  comm::Communicator* dp = options_.data_parallel;
+  comm::Communicator* tp = options_.tensor_parallel;
+  if (tp != nullptr) return tp->rank() == 1 && (dp == nullptr || dp->rank() == 0);
+  return dp != nullptr && dp->rank() == 1;
+}
+
 graphs::VerifyReport Trainer::verify_step() {
   if (!step_plan_->prepared()) prepare();
+  steps_enqueued_ += 1;
   const graphs::VerifyReport report = step_plan_->verify_step(ctx_.stream(), key_);
   readback_->step_enqueued(ctx_.stream());
   return report;

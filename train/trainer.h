@@ -51,6 +51,10 @@ struct TrainerOptions {
   // all-gathered, all inside the step (and its graphs); the loss is averaged over the ranks. Null:
   // one process.
   comm::Communicator* data_parallel = nullptr;
+  // Tensor parallelism (a group of more than one rank): the model runs its own collectives; the
+  // grad norm's sum of squares is summed over this group too (ParamStore counts replicated tensors
+  // on rank 0 only).
+  comm::Communicator* tensor_parallel = nullptr;
   // Waits on the step path poll the communicators and give up after its timeout (multi-GPU runs).
   comm::Watchdog* watchdog = nullptr;
 };
@@ -117,6 +121,7 @@ class Trainer {
   void build_eval_plan();
   graphs::Region wrap(graphs::Region region, bool planted);
   void optimizer_step(cudaStream_t stream) const;
+  bool stalls_here() const;  // --inject rank-stall: this process is the one that stalls
   graphs::RegionArgs optimizer_args() const;
 
   Context& ctx_;
@@ -132,6 +137,7 @@ class Trainer {
   bench::Peaks peaks_;
   StepScalars* scalars_ = nullptr;
   int key_ = 0;  // the shape key of the batch last loaded
+  int64_t steps_enqueued_ = 0;
   std::string fault_region_;
   std::unique_ptr<graphs::RngTracker> rng_;
   std::unique_ptr<graphs::ReadbackRing> readback_;

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/comm.h"
 #include "common/context.h"
 #include "common/optim/adamw.h"
 #include "train/flags.h"
@@ -94,6 +95,13 @@ class Workload {
   // count from the memory budget).
   virtual std::unique_ptr<Model> build(Context& ctx, const TrainingConfig& training,
                                        const RunFlags& flags, std::FILE* out) = 0;
+  // Tensor parallelism across processes (set-up, before build): this process is rank `rank` of a
+  // group of `size` that `comm` connects. False when the workload cannot split its model.
+  virtual bool set_tensor_parallel(int rank, int size, comm::Communicator* comm) {
+    (void)rank;
+    (void)comm;
+    return size == 1;
+  }
   // Whether its models evaluate (Model::evaluation); --eval-interval is refused otherwise.
   virtual bool evaluates() const { return false; }
   // Its MLPerf configuration events, between the driver's seed and eval_samples events; `training`

@@ -289,6 +289,7 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
     if (r.rank_step_ms[i] > r.rank_step_ms[slowest]) slowest = i;
   j["parallel"] = {
       {"world_size", r.world_size},
+      {"tensor_parallel", r.tensor_parallel},
       {"data_parallel", r.data_parallel},
       {"rank_step_ms", r.rank_step_ms},
       {"slowest_rank", r.rank_step_ms.empty() ? ordered_json(nullptr) : ordered_json(slowest)}};

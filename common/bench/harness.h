@@ -157,6 +157,7 @@ struct WorkloadReport {
   // The layout: processes, data-parallel ranks, and each rank's median step time (rank order).
   int world_size = 1;
   int data_parallel = 1;
+  int tensor_parallel = 1;  // processes per tensor-parallel group (1: none, or rank 0 simulated)
   std::vector<double> rank_step_ms;
 
   double units_per_s() const;

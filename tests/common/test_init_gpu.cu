@@ -57,6 +57,80 @@ TEST(Init, UniformAndConstantFillEverything) {
   for (float v : c.download()) ASSERT_EQ(v, 0.25f);
 }
 
+// Tensor-parallel shards: a fused [q; k; v] weight split by rows in three sections (GQA: q twice as
+// tall as k and v) and a row-parallel weight split by columns, over 3 ranks. Every rank's shard,
+// drawn alone, is bitwise the matching slice of the whole tensor drawn by init_normal (fp32 and
+// bf16), so the shards of a tensor-parallel run hold what one process draws.
+TEST(Init, SliceShardsAreBitwiseSlicesOfTheFullTensor) {
+  const int ranks = 3;
+  const int64_t q = 4, kv = 2, cols = 10;  // per rank: rows of q, of k and of v
+  const int64_t full_rows = (q + 2 * kv) * ranks;
+  test::DeviceBuffer<float> full(full_rows * cols);
+  test::DeviceBuffer<__nv_bfloat16> full_h(full_rows * cols);
+  init_normal(TensorView(full.get(), DType::kFP32, {full_rows, cols}), 77, 5, 0.0f, 0.02f, nullptr);
+  init_normal(TensorView(full_h.get(), DType::kBF16, {full_rows, cols}), 77, 5, 0.0f, 0.02f,
+              nullptr);
+  const std::vector<float> whole = full.download();
+  const std::vector<__nv_bfloat16> whole_h = full_h.download();
+  const int64_t local[3] = {q, kv, kv};
+  for (int r = 0; r < ranks; ++r) {
+    InitSlice s;
+    s.sections = 3;
+    int64_t at = 0;
+    for (int k = 0; k < 3; ++k) {
+      s.rows[k] = local[k];
+      s.full_row[k] = at + r * local[k];
+      at += local[k] * ranks;
+    }
+    s.cols = s.full_cols = cols;
+    const int64_t n = (q + 2 * kv) * cols;
+    test::DeviceBuffer<float> shard(n);
+    test::DeviceBuffer<__nv_bfloat16> shard_h(n);
+    init_normal_slice(TensorView(shard.get(), DType::kFP32, {q + 2 * kv, cols}), s, 77, 5, 0.0f,
+                      0.02f, nullptr);
+    init_normal_slice(TensorView(shard_h.get(), DType::kBF16, {q + 2 * kv, cols}), s, 77, 5, 0.0f,
+                      0.02f, nullptr);
+    const std::vector<float> got = shard.download();
+    const std::vector<__nv_bfloat16> got_h = shard_h.download();
+    int64_t row = 0;
+    for (int k = 0; k < 3; ++k)
+      for (int64_t j = 0; j < local[k]; ++j, ++row)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t g = (s.full_row[k] + j) * cols + c;
+          ASSERT_EQ(got[row * cols + c], whole[g])
+              << "rank " << r << " row " << row << " col " << c;
+          ASSERT_EQ(__bfloat162float(got_h[row * cols + c]), __bfloat162float(whole_h[g]));
+        }
+  }
+  // Columns: a [rows, 12] weight split into 3 shards of 4 columns.
+  const int64_t rows = 5, full_cols = 12, part = 4;
+  test::DeviceBuffer<float> wide(rows * full_cols);
+  init_normal(TensorView(wide.get(), DType::kFP32, {rows, full_cols}), 78, 6, 0.0f, 1.0f, nullptr);
+  const std::vector<float> wide_h = wide.download();
+  for (int r = 0; r < ranks; ++r) {
+    InitSlice s;
+    s.rows[0] = rows;
+    s.cols = part;
+    s.full_cols = full_cols;
+    s.col_offset = r * part;
+    test::DeviceBuffer<float> shard(rows * part);
+    init_normal_slice(TensorView(shard.get(), DType::kFP32, {rows, part}), s, 78, 6, 0.0f, 1.0f,
+                      nullptr);
+    const std::vector<float> got = shard.download();
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < part; ++c)
+        ASSERT_EQ(got[i * part + c], wide_h[i * full_cols + r * part + c]) << "rank " << r;
+  }
+  // A slice whose size does not match the tensor is refused.
+  InitSlice bad;
+  bad.rows[0] = 3;
+  bad.cols = bad.full_cols = 4;
+  test::DeviceBuffer<float> small(8);
+  EXPECT_THROW(
+      init_normal_slice(TensorView(small.get(), DType::kFP32, {8}), bad, 1, 1, 0, 1, nullptr),
+      Error);
+}
+
 TEST(Init, RejectsUnsupportedDtype) {
   test::DeviceBuffer<int> i(16);
   EXPECT_THROW(init_normal(TensorView(i.get(), DType::kINT32, {16}), 1, 0, 0, 1, nullptr), Error);

@@ -899,5 +899,33 @@ class TimeToTrainReport(TempDirCase):
             report.report_time_to_train(self.dir, self.dir)
 
 
+class RunsReport(TempDirCase):
+    def write(self, name, graphs, loss_hash, layers=4, tp=1):
+        doc = {"tool": "replay-unet", "workload": "unet", "preset": "sd2-b32", "graphs": graphs,
+               "config": {"layers": layers, "graphs_extra": graphs}, "step_ms": {"median": 300.0},
+               "throughput": {"images_per_s": 106.7, "samples_per_s": 106.7}, "mfu": 0.33,
+               "memory": {"peak_bytes": 50 * 2**30}, "loss_hash": loss_hash,
+               "parallel": {"tensor_parallel": tp, "data_parallel": 1}}
+        with open(os.path.join(self.dir, name + ".json"), "w") as f:
+            json.dump(doc, f)
+
+    def test_rows_and_hashes_compared_per_configuration(self):
+        self.write("a_none", "none", "h1")
+        self.write("a_full", "full", "h1")
+        self.write("b_full", "full", "h2", layers=6)  # another configuration: not compared with a
+        text = open(report.report_runs(self.dir, self.dir, "UNet")).read()
+        self.assertIn("# UNet", text)
+        self.assertIn("| a_full | sd2-b32 | full | tp1 x dp1 | 300.000 | 107 images/s | 33.0% | 50.00 | h1 |", text)
+        self.assertIn("loss hashes identical in a_full (full), a_none (none)", text)
+        self.assertNotIn("DIFFER", text)
+        self.write("a_layer", "layer", "h3")
+        text = open(report.report_runs(self.dir, self.dir, "UNet")).read()
+        self.assertIn("DIFFER", text)
+
+    def test_a_directory_without_runs_is_refused(self):
+        with self.assertRaises(report.ReportError):
+            report.report_runs(self.dir, self.dir, "x")
+
+
 if __name__ == "__main__":
     unittest.main()

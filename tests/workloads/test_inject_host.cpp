@@ -20,7 +20,7 @@ std::optional<train::RunFlags> parse(const std::vector<std::string>& args) {
 }
 
 TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
-  ASSERT_EQ(graphs::fault_catalogue().size(), 8u);
+  ASSERT_EQ(graphs::fault_catalogue().size(), 9u);
   for (const graphs::FaultInfo& f : graphs::fault_catalogue()) {
     const auto flags = parse({"--inject", f.name});
     ASSERT_TRUE(flags.has_value());
@@ -47,6 +47,13 @@ TEST(InjectFlag, UnknownFaultAndHelpAreUsageErrorsListingTheFaults) {
         EXPECT_TRUE(has(msg, f.name)) << msg;
     }
   }
+}
+
+TEST(InjectFlag, RankStallNeedsTwoProcesses) {
+  const test::Outcome o =
+      test::shell(std::string("'") + REPLAY_GPT3_BINARY + "' --preset tiny --inject rank-stall");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--inject rank-stall: needs 2 or more processes")) << o.output;
 }
 
 TEST(InjectFlag, TheBinaryExitsTwoBeforeAnyGpuWork) {

@@ -1,4 +1,4 @@
-// replay-llama31's tiny preset on the GPU (RMSNorm, RoPE, GQA with 2 query heads on 1 KV head,
+// replay-llama31's tiny preset on the GPU (RMSNorm, RoPE, GQA with 4 query heads on 2 KV heads,
 // SwiGLU, no biases, untied LM head; the checks themselves: tests/workloads/workload_test_util.h):
 // - Llama31Modes: none, layer and full (graph modes with --verify-graphs on step 0) train 12 steps
 //   and give bit-identical losses, bf16 weights and fp32 master weights, with the graph counts each

@@ -82,10 +82,14 @@ TEST(Llama31Presets, The405bShardsHaveNvidiasPerGpuShapes) {
 
   const TransformerShape tiny = preset("tiny");
   EXPECT_NO_THROW(tiny.validate());
-  EXPECT_EQ(tiny.heads_shard(), 2);
-  EXPECT_EQ(tiny.kv_heads_shard(), 1);
+  EXPECT_EQ(tiny.heads_shard(), 4);
+  EXPECT_EQ(tiny.kv_heads_shard(), 2);
   EXPECT_EQ(tiny.head_dim, 64);  // a head dim the attention tests cover
-  EXPECT_EQ(tiny.qkv_width(), 4 * 64);
+  EXPECT_EQ(tiny.qkv_width(), 8 * 64);
+  TransformerShape tp2 = tiny;  // the tensor-parallel tests' split
+  tp2.tp = 2;
+  EXPECT_NO_THROW(tp2.validate());
+  EXPECT_EQ(tp2.kv_heads_shard(), 1);
 }
 
 TEST(Llama31Presets, GqaNeedsKvHeadsThatDivideTheQueryHeadsAndTp) {

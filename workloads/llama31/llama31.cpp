@@ -46,8 +46,8 @@ TransformerShape tiny() {
   TransformerShape s;
   s.layers = 2;
   s.hidden = 128;
-  s.heads = 2;
-  s.heads_kv = 1;
+  s.heads = 4;  // 2 KV heads: the tensor-parallel tests split them over 2 ranks
+  s.heads_kv = 2;
   s.head_dim = 64;
   s.ffn = 256;
   s.seq = 128;
@@ -84,7 +84,8 @@ const transformer::Recipe& recipe() {
       "Llama 3.1 405B",
       kModelLayers,
       {
-          {{"tiny", "2 layers of width 128, 2 query heads and 1 KV head of 64: the test model", 20},
+          {{"tiny", "2 layers of width 128, 4 query heads and 2 KV heads of 64: the test model",
+            20},
            tiny(),
            transformer::tiny_schedule()},
           {{"405b-tp8",

@@ -33,9 +33,12 @@ bf16* offset(const TensorView& v, int64_t elements) {
 }  // namespace
 
 Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int microbatches,
-                         GemmCache& gemms, AttentionCache& attention)
-    : ctx_(ctx), shape_(shape), microbatches_(microbatches) {
+                         GemmCache& gemms, AttentionCache& attention, comm::Communicator* tp)
+    : ctx_(ctx), shape_(shape), microbatches_(microbatches), tp_(tp) {
   shape_.validate();
+  REPLAY_REQUIRE(tp == nullptr || (tp->size() == shape_.tp && tp->rank() == shape_.tp_rank),
+                 "Transformer: the tensor-parallel group does not match the shape's tp and rank");
+  if (tp_ != nullptr) params_.set_tensor_parallel(shape_.tp_rank, shape_.tp);
   REPLAY_REQUIRE(microbatches >= 1, "at least one micro-batch per step");
   const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
                 F = shape_.ffn_shard(), F1 = shape_.fc1_width(), V = shape_.vocab_shard();
@@ -46,11 +49,27 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
   // scaled by 1/sqrt(2L); biases and LayerNorm shifts zero, LayerNorm scales one. Weight decay on
   // matrices and embeddings only.
   const float out_std = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
-  auto add_param = [&](std::string name, std::vector<int64_t> dims, ParamInit init, float stddev,
-                       bool decay) {
-    return params_.add(ParamSpec{std::move(name), std::move(dims), init, stddev, decay});
+  // Replicated under tensor parallelism: the norms, the row-parallel biases, the position table.
+  auto replicated = [](const std::string& name) {
+    return name.find(".ln") != std::string::npos || name.rfind("final_norm", 0) == 0 ||
+           name == "embedding.position" || name.find("attn.proj.bias") != std::string::npos ||
+           name.find("mlp.fc2.bias") != std::string::npos;
   };
-  wte_ = add_param("embedding.token", {V, C}, ParamInit::kNormal, 0.02f, true);
+  // Sharded ones say where they sit in the full tensor (train/params.h TpSplit), so a
+  // tensor-parallel run starts from the weights one process draws for the whole model.
+  auto add_param = [&](std::string name, std::vector<int64_t> dims, ParamInit init, float stddev,
+                       bool decay, TpSplit split = TpSplit::kNone,
+                       std::vector<int64_t> sections = {}) {
+    const bool rep = replicated(name);
+    return params_.add(ParamSpec{std::move(name), std::move(dims), init, stddev, decay, rep, split,
+                                 std::move(sections)});
+  };
+  const int64_t hd = shape_.head_dim;
+  const std::vector<int64_t> qkv_sections = {
+      shape_.heads_shard() * hd, shape_.kv_heads_shard() * hd, shape_.kv_heads_shard() * hd};
+  const std::vector<int64_t> fc1_sections =
+      swiglu() ? std::vector<int64_t>{F, F} : std::vector<int64_t>{};
+  wte_ = add_param("embedding.token", {V, C}, ParamInit::kNormal, 0.02f, true, TpSplit::kRows);
   if (shape_.position == PositionKind::kLearned)
     wpe_ = add_param("embedding.position", {shape_.seq, C}, ParamInit::kNormal, 0.02f, true);
   // A weight or bias the shape leaves out stays -1.
@@ -62,22 +81,27 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
     LayerParams p{};
     p.ln1_gamma = add_param(n + "ln1.weight", {C}, ParamInit::kOnes, 0, false);
     p.ln1_beta = add_if(ln, n + "ln1.bias", {C}, ParamInit::kZeros);
-    p.qkv_weight = add_param(n + "attn.qkv.weight", {W, C}, ParamInit::kNormal, 0.02f, true);
+    p.qkv_weight = add_param(n + "attn.qkv.weight", {W, C}, ParamInit::kNormal, 0.02f, true,
+                             TpSplit::kRows, qkv_sections);
     p.qkv_bias = add_if(bias, n + "attn.qkv.bias", {W}, ParamInit::kZeros);
-    p.proj_weight = add_param(n + "attn.proj.weight", {C, A}, ParamInit::kNormal, out_std, true);
+    p.proj_weight = add_param(n + "attn.proj.weight", {C, A}, ParamInit::kNormal, out_std, true,
+                              TpSplit::kCols);
     p.proj_bias = add_if(bias, n + "attn.proj.bias", {C}, ParamInit::kZeros);
     p.ln2_gamma = add_param(n + "ln2.weight", {C}, ParamInit::kOnes, 0, false);
     p.ln2_beta = add_if(ln, n + "ln2.bias", {C}, ParamInit::kZeros);
-    p.fc1_weight = add_param(n + "mlp.fc1.weight", {F1, C}, ParamInit::kNormal, 0.02f, true);
+    p.fc1_weight = add_param(n + "mlp.fc1.weight", {F1, C}, ParamInit::kNormal, 0.02f, true,
+                             TpSplit::kRows, fc1_sections);
     p.fc1_bias = add_if(bias, n + "mlp.fc1.bias", {F1}, ParamInit::kZeros);
-    p.fc2_weight = add_param(n + "mlp.fc2.weight", {C, F}, ParamInit::kNormal, out_std, true);
+    p.fc2_weight =
+        add_param(n + "mlp.fc2.weight", {C, F}, ParamInit::kNormal, out_std, true, TpSplit::kCols);
     p.fc2_bias = add_if(bias, n + "mlp.fc2.bias", {C}, ParamInit::kZeros);
     layers_.push_back(p);
   }
   lnf_gamma_ = add_param("final_norm.weight", {C}, ParamInit::kOnes, 0, false);
   lnf_beta_ = add_if(ln, "final_norm.bias", {C}, ParamInit::kZeros);
   if (!shape_.tied_embedding)
-    lm_head_w_ = add_param("lm_head.weight", {V, C}, ParamInit::kNormal, 0.02f, true);
+    lm_head_w_ =
+        add_param("lm_head.weight", {V, C}, ParamInit::kNormal, 0.02f, true, TpSplit::kRows);
 
   // GEMM plans (gemm.h's linear layer): the QKV and fc1 bias gradients from their wgrad (BGRADA,
   // fp32). GeLU: fc1's forward keeps the pre-activation, fc2's dgrad applies its derivative.
@@ -194,6 +218,9 @@ void Transformer::plan(ArenaPlan& plan) {
   if (ln) add(plan, lnf_mean_, "head.norm.mean", kF32, M, "activations", head);
   add(plan, lnf_rstd_, "head.norm.rstd", kF32, M, "activations", head);
   add(plan, ce_stats_, "head.ce.stats", kF32, cross_entropy_stats_floats(M), "activations", head);
+  if (tp_ != nullptr)  // every rank's statistics, in rank order (an all-gather)
+    add(plan, ce_gathered_, "head.ce.stats_gathered", kF32,
+        cross_entropy_stats_floats(M) * shape_.tp, "activations", head);
   add(plan, row_loss_, "head.ce.row_loss", kF32, M, "activations", head);
   add(plan, count_, "head.ce.count", kI32, 1, "activations", head);
   add(plan, d_hf_, "head.norm.dout", kBF, M * C, "activations", head);
@@ -342,12 +369,24 @@ void Transformer::rope_apply(void* qkv, bool backward, cudaStream_t s) const {
 
 // ---- Forward ----------------------------------------------------------------------------------
 
+// Tensor parallelism: the sum over the group of a [tokens, hidden] bf16 activation (a row-parallel
+// layer's partial output, a column-parallel layer's partial input gradient), in place.
+void Transformer::tp_sum(const TensorView& v, cudaStream_t s) const {
+  if (tp_ == nullptr) return;
+  tp_->all_reduce(v.data, v.data, static_cast<size_t>(shape_.tokens() * shape_.hidden),
+                  ncclBfloat16, ncclSum, s);
+}
+
 void Transformer::embedding_forward(int mb, cudaStream_t s) const {
+  // Vocab-parallel: ids outside this rank's rows give zero; the position table is added by rank 0
+  // only, so the sum over the group adds it once.
+  const bool positions = wpe_ >= 0 && shape_.tp_rank == 0;
   replay::embedding_forward(ptr<bf16>(x_[0]), tokens(mb), weight(wte_),
-                            wpe_ >= 0 ? weight(wpe_) : nullptr,
+                            positions ? weight(wpe_) : nullptr,
                             EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                            shape_.vocab_start(), shape_.vocab_shard()},
                             s);
+  tp_sum(x_[0], s);
 }
 
 void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
@@ -373,6 +412,7 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   GemmArgs proj;
   proj.a = a.attn_o.data, proj.b = weight(p.proj_weight), proj.d = fwd_tmp_.data;
   gemm(proj_.forward, proj, s);
+  tp_sum(fwd_tmp_, s);  // row-parallel: the partial products of every rank
   dropout_residual_forward(ptr<bf16>(a.x_mid), ptr<bf16>(fwd_tmp_), bias(p.proj_bias), x, M, C,
                            drop, rng_of(rng_attn_dropout_, mb, layer), s);
   norm_forward(ptr<bf16>(a.h2), a.ln2_mean, a.ln2_rstd, ptr<bf16>(a.x_mid), p.ln2_gamma, p.ln2_beta,
@@ -391,6 +431,7 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   GemmArgs fc2;
   fc2.a = a.fc1_out.data, fc2.b = weight(p.fc2_weight), fc2.d = fwd_tmp_.data;
   gemm(fc2_.forward, fc2, s);
+  tp_sum(fwd_tmp_, s);
   dropout_residual_forward(out, ptr<bf16>(fwd_tmp_), bias(p.fc2_bias), ptr<bf16>(a.x_mid), M, C,
                            drop, rng_of(rng_mlp_dropout_, mb, layer), s);
 }
@@ -406,11 +447,20 @@ void Transformer::head_forward(int mb, float* loss, cudaStream_t s) const {
   GemmArgs fwd;
   fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits_.data;
   gemm(lm_head_.forward, fwd, s);
-  // Cross-entropy over this shard's vocabulary; under tensor parallelism the statistics would be
-  // all-gathered and combined (cross_entropy_stats, cross_entropy_combine_stats,
-  // cross_entropy_loss) instead.
-  cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss, ptr<int32_t>(count_),
-                        ptr<bf16>(logits_), targets(mb), ce, s);
+  if (tp_ == nullptr) {  // this shard's vocabulary is the whole vocabulary
+    cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), loss, ptr<int32_t>(count_),
+                          ptr<bf16>(logits_), targets(mb), ce, s);
+    return;
+  }
+  // Vocab-parallel: every rank's row statistics (max, sum of exponentials, target logit), combined
+  // in rank order into the whole vocabulary's, then the loss (the same on every rank).
+  cross_entropy_stats(ptr<float>(ce_stats_), ptr<bf16>(logits_), targets(mb), ce, s);
+  const auto floats = static_cast<size_t>(cross_entropy_stats_floats(shape_.tokens()));
+  tp_->all_gather(ce_stats_.data, ce_gathered_.data, floats, ncclFloat32, s);
+  cross_entropy_combine_stats(ptr<float>(ce_stats_), ptr<float>(ce_gathered_), shape_.tp,
+                              shape_.tokens(), s);
+  cross_entropy_loss(ptr<float>(row_loss_), loss, ptr<int32_t>(count_), ptr<float>(ce_stats_),
+                     targets(mb), shape_.tokens(), s);
 }
 
 void Transformer::head(int mb, cudaStream_t s) const {
@@ -422,6 +472,7 @@ void Transformer::head(int mb, cudaStream_t s) const {
   GemmArgs dgrad;
   dgrad.a = logits, dgrad.b = head_weight(), dgrad.d = d_hf_.data;
   gemm(lm_head_.dgrad, dgrad, s);
+  tp_sum(d_hf_, s);              // the vocab-parallel head's partial input gradients
   if (!shape_.tied_embedding) {  // the untied head's weight gradient: dW (+)= dlogits^T h
     GemmArgs wgrad;
     wgrad.a = logits, wgrad.b = hf_.data, wgrad.d = params_.grad(lm_head_w_);
@@ -485,6 +536,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   GemmArgs fc1_d;
   fc1_d.a = d_fc1_.data, fc1_d.b = weight(p.fc1_weight), fc1_d.d = d_h_.data;
   gemm(fc1_.dgrad, fc1_d, s);
+  tp_sum(d_h_, s);  // column-parallel: the partial input gradients of every rank
   GemmArgs fc1_w;
   fc1_w.a = d_fc1_.data, fc1_w.b = a.h2.data, fc1_w.d = w.grad(p.fc1_weight);
   wgrad(fc1_, fc1_w, bias ? p.fc1_bias : -1, shape_.fc1_width(), mb, s);
@@ -510,6 +562,7 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   GemmArgs qkv_d;
   qkv_d.a = d_qkv_.data, qkv_d.b = weight(p.qkv_weight), qkv_d.d = d_h_.data;
   gemm(qkv_.dgrad, qkv_d, s);
+  tp_sum(d_h_, s);
   GemmArgs qkv_w;
   qkv_w.a = d_qkv_.data, qkv_w.b = a.h1.data, qkv_w.d = w.grad(p.qkv_weight);
   wgrad(qkv_, qkv_w, bias ? p.qkv_bias : -1, shape_.qkv_width(), mb, s);

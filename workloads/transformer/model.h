@@ -50,6 +50,7 @@
 
 #include "common/arena.h"
 #include "common/attention.h"
+#include "common/comm.h"
 #include "common/context.h"
 #include "common/gemm.h"
 #include "common/philox.h"
@@ -64,6 +65,7 @@ using train::ParamId;
 using train::ParamInit;
 using train::ParamSpec;
 using train::ParamStore;
+using train::TpSplit;
 
 // The parameters of one block, in the order they sit in the ParamStore (contiguous per layer).
 // Those the shape leaves out (norm shifts with RMSNorm, biases) are -1.
@@ -80,8 +82,11 @@ class Transformer {
  public:
   // Registers the parameters, builds every GEMM and attention plan through the caches (set-up),
   // and queries the workspaces.
+  // `tp`: the tensor-parallel group when this process is one of shape.tp ranks (rank
+  // shape.tp_rank), which runs the collectives; null in a one-process run (a tp > 1 shape then
+  // computes rank 0's shard without them).
   Transformer(const Context& ctx, const TransformerShape& shape, int microbatches, GemmCache& gemms,
-              AttentionCache& attention);
+              AttentionCache& attention, comm::Communicator* tp = nullptr);
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -196,10 +201,12 @@ class Transformer {
   const __nv_bfloat16* branch_grad(ParamId bias, const std::vector<RngArgs>& rng, int mb, int layer,
                                    cudaStream_t s) const;
   void rope_apply(void* qkv, bool backward, cudaStream_t s) const;
+  void tp_sum(const TensorView& v, cudaStream_t s) const;
 
   const Context& ctx_;
   TransformerShape shape_;
   int microbatches_;
+  comm::Communicator* tp_ = nullptr;
   ParamStore params_;
   ParamId wte_ = -1, wpe_ = -1, lnf_gamma_ = -1, lnf_beta_ = -1, lm_head_w_ = -1;
   std::vector<LayerParams> layers_;
@@ -220,7 +227,7 @@ class Transformer {
   std::vector<LayerActs> acts_;
   TensorView fwd_tmp_;
   // Head.
-  TensorView hf_, lnf_mean_, lnf_rstd_, logits_, ce_stats_, row_loss_, count_, d_hf_;
+  TensorView hf_, lnf_mean_, lnf_rstd_, logits_, ce_stats_, ce_gathered_, row_loss_, count_, d_hf_;
   // Backward.
   TensorView grad_, d_branch_, d_h_, d_fc1_, d_act_, d_attn_, d_qkv_, bias_scratch_;
   // Workspaces.

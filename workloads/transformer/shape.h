@@ -30,7 +30,8 @@ struct TransformerShape {
   int64_t seq = 0;          // sequence length
   int64_t micro_batch = 1;  // sequences per micro-batch
   int64_t vocab = 0;        // the tokenizer's vocabulary (unpadded, e.g. 50257)
-  int tp = 1;               // tensor-parallel degree; this process computes rank 0's shard
+  int tp = 1;               // tensor-parallel degree
+  int tp_rank = 0;          // the shard this process computes (0 in a one-process run: rank 0's)
   float dropout = 0.0f;     // hidden (after attention and MLP) and attention-probability dropout
   float norm_eps = 1e-5f;
   int64_t vocab_multiple = 128;  // the padded vocabulary is a multiple of this x TP
@@ -51,7 +52,7 @@ struct TransformerShape {
     return (vocab + m - 1) / m * m;
   }
   int64_t vocab_shard() const { return padded_vocab() / tp; }
-  int64_t vocab_start() const { return 0; }  // rank 0's slice
+  int64_t vocab_start() const { return tp_rank * vocab_shard(); }  // this rank's first row
   int64_t heads_shard() const { return heads / tp; }
   int64_t attn_width() const { return heads_shard() * head_dim; }  // q (or k, or v) width per shard
   int64_t kv_heads() const { return heads_kv > 0 ? heads_kv : heads; }

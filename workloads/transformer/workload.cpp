@@ -44,9 +44,11 @@ int64_t held_out_rows(int64_t rows, int64_t micro_batch) {
 // ---- The model ---------------------------------------------------------------------------------
 
 TransformerModel::TransformerModel(const Context& ctx, const TransformerShape& shape,
-                                   int microbatches, std::shared_ptr<PlanCaches> caches)
+                                   int microbatches, std::shared_ptr<PlanCaches> caches,
+                                   comm::Communicator* tp)
     : caches_(std::move(caches)),
-      transformer_(ctx, shape, microbatches, caches_->gemms, caches_->attention) {}
+      transformer_(ctx, shape, microbatches, caches_->gemms, caches_->attention, tp),
+      tp_run_(tp != nullptr) {}
 
 void TransformerModel::set_data(data::TokenFile file, uint64_t seed, double loss_floor,
                                 int64_t held_out, bool shuffle) {
@@ -234,7 +236,9 @@ std::string TransformerModel::flops_formula() const {
 }
 
 std::string TransformerModel::collectives() const {
-  return transformer_.shape().tp > 1 ? "not run (1 process)" : "none (tp 1)";
+  const int tp = transformer_.shape().tp;
+  if (tp == 1) return "none (tp 1)";
+  return tp_run_ ? "run (tp " + std::to_string(tp) + ", NCCL)" : "not run (1 process)";
 }
 
 // ---- The workload ------------------------------------------------------------------------------
@@ -273,6 +277,7 @@ void TransformerWorkload::resolve(const train::RunFlags& flags) {
                             std::to_string(recipe_.model_layers) + " layers, got " +
                             std::to_string(layers_flag_));
   if (layers_flag_ > 0) shape_.layers = layers_flag_;
+  if (flags.tp > 0) shape_.tp = flags.tp;
   dropout_ = std::isnan(dropout_flag_) ? static_cast<double>(shape_.dropout) : dropout_flag_;
   shape_.dropout = static_cast<float>(dropout_);
   if (flags.eval_interval > 0 && dropout_ > 0.0)
@@ -371,19 +376,29 @@ std::unique_ptr<TransformerModel> TransformerWorkload::build_model(
                  " (the most whose arena fits %zu GiB: an 80 GiB H100 less a margin)\n",
                  shape_.layers, kMemoryBudgetBytes >> 30);
   }
-  auto model = std::make_unique<TransformerModel>(ctx, shape_, microbatches_, caches);
+  auto model = std::make_unique<TransformerModel>(ctx, shape_, microbatches_, caches, tp_comm_);
   caches->gemms.seal();  // every plan of the run exists: none may be made on the step path
   const double floor = file_->info().provenance.entropy_rate;
   const int64_t held_out = held_out_rows(file_->info().num_sequences, shape_.micro_batch);
   model->set_data(std::move(*file_), seed, floor, held_out, data_order_ == "shuffled");
   file_.reset();
-  if (shape_.tp > 1)
+  if (shape_.tp > 1 && tp_comm_ == nullptr)
     std::fprintf(
         out,
         "# tensor parallelism %d: one process computes rank 0's shard; the TP all-reduces and "
         "all-gathers are not run\n",
         shape_.tp);
   return model;
+}
+
+bool TransformerWorkload::set_tensor_parallel(int rank, int size, comm::Communicator* comm) {
+  if (size == 1) return true;
+  if (shape_.tp != size)
+    throw bench::UsageError("--tp " + std::to_string(size) + ": the " + preset_->info.name +
+                            " shard is cut for tp " + std::to_string(shape_.tp));
+  shape_.tp_rank = rank;
+  tp_comm_ = comm;
+  return true;
 }
 
 std::unique_ptr<train::Model> TransformerWorkload::build(Context& ctx,

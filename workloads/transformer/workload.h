@@ -97,7 +97,7 @@ class TransformerModel : public train::Model {
  public:
   // Plans the model (set-up, no device memory).
   TransformerModel(const Context& ctx, const TransformerShape& shape, int microbatches,
-                   std::shared_ptr<PlanCaches> caches);
+                   std::shared_ptr<PlanCaches> caches, comm::Communicator* tp = nullptr);
   // The batches it trains on (before the first load_batch), the file's last `held_out` rows kept
   // for evaluation; `loss_floor` is the data's (NaN: unknown).
   void set_data(data::TokenFile file, uint64_t seed, double loss_floor, int64_t held_out,
@@ -141,6 +141,7 @@ class TransformerModel : public train::Model {
   std::shared_ptr<PlanCaches> caches_;
   Transformer transformer_;
   std::optional<data::BatchStream> batches_;
+  bool tp_run_ = false;  // the tensor-parallel collectives run (a group of processes)
   std::unique_ptr<data::HeldOutRows> held_out_;
   double loss_floor_ = NAN;
   BufferId eval_id_ = -1;  // [0]: the batch's mean loss, [4]: the evaluation's sum (16-byte apart)
@@ -161,6 +162,7 @@ class TransformerWorkload : public train::Workload {
   std::string precision() const override { return "bf16"; }
   train::TrainingConfig training() const override;
   void open_data(const train::RunFlags& flags, std::FILE* out) override;
+  bool set_tensor_parallel(int rank, int size, comm::Communicator* comm) override;
   std::unique_ptr<train::Model> build(Context& ctx, const train::TrainingConfig& training,
                                       const train::RunFlags& flags, std::FILE* out) override;
   bool evaluates() const override { return true; }
@@ -193,6 +195,7 @@ class TransformerWorkload : public train::Workload {
   double dropout_ = 0;
   std::string data_path_;
   std::string data_order_ = "shuffled";  // --data-order: shuffled | sequential
+  comm::Communicator* tp_comm_ = nullptr;
   std::optional<data::TokenFile> file_;
 };
 

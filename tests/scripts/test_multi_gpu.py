@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Data parallelism across two GPUs (label mpi; exit 77 with fewer than two GPUs or without mpiexec):
+"""Data and tensor parallelism across two GPUs (label mpi; exit 77 with fewer than two GPUs or without mpiexec):
 for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
 
 1. trains 20 steps in none, layer and full mode with bit-identical losses and weights (the
@@ -9,9 +9,20 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
    same batches in the same order): step 0's loss within 1e-5 and every loss of 20 steps within 0.02
    nats (the gradient sums are ordered differently, so not bitwise);
 3. stops with the differing collective named when rank 1 captured one more (--inject
-   collective-mismatch), instead of hanging at the first replay;
+   collective-mismatch), instead of hanging at the first replay; and when rank 1's host stops
+   enqueuing (--inject rank-stall), ends within seconds of --comm-timeout-s with the watchdog's
+   message instead of hanging;
 4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
    10 more give the losses and weights of 20 straight steps.
+
+5. with --tp 2 (one model split over the two processes: all-reduces after the row-parallel layers
+   and of the column-parallel layers' input gradients, the vocab-parallel embedding and
+   cross-entropy) trains 20 steps in none, layer and full mode with bit-identical losses and
+   weights, and the loss falls; and agrees with one GPU running the whole model on the same data:
+   every sharded weight is drawn as its slice of the full matrix (train/params.h TpSplit), so both
+   start from the same model; step 0's loss within 5e-3 (the row-parallel layers' partial sums are
+   rounded to bf16 before the all-reduce adds them, one GPU rounds once after the whole sum) and
+   every loss of 20 steps within 0.02 nats.
 
 REPLAY_BIN_DIR names the build's binaries (CTest sets it); with REPLAY_DP_OUT set, the measured
 differences are written there as JSON."""
@@ -22,10 +33,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 STEPS = 20
 FIRST_STEP_TOLERANCE = 1e-5
 LOSS_TOLERANCE = 0.02
+TP_FIRST_STEP_TOLERANCE = 5e-3
 
 
 def skip(why):
@@ -42,9 +55,15 @@ def gpu_count():
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def run(cmd):
+def run(cmd, timeout=None):
     print("+ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        print("\n".join(out.splitlines()[-12:]), flush=True)
+        print(f"timed out after {timeout} s", flush=True)
+        return 124, out
     print("\n".join(p.stdout.splitlines()[-12:]), flush=True)
     return p.returncode, p.stdout
 
@@ -109,6 +128,16 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
           "all_reduce(f32 x 1, sum) on 'data-parallel' on rank 1" in text,
           f"{workload}: the planted collective mismatch is named, not hung", failures)
 
+    # --inject rank-stall: rank 1's host stops enqueuing before step 2; rank 0's GPU waits in the
+    # step's first collective, its watchdog gives up after --comm-timeout-s, aborts the
+    # communicators and names what it waited for, and the job ends instead of hanging.
+    t0 = time.monotonic()
+    rc, text = run([*launch, "--graphs", "full", "--steps", str(STEPS), "--inject", "rank-stall",
+                    "--comm-timeout-s", "5"], timeout=240)
+    elapsed = time.monotonic() - t0
+    check(rc not in (0, 124) and "waited 5 s (--comm-timeout-s)" in text and "Another rank is stalled" in text,
+          f"{workload}: the stalled rank is reported by the watchdog and the job ends ({elapsed:.0f} s)", failures)
+
     ckpt = os.path.join(tmp, f"{workload}-ckpt")
     whole = os.path.join(tmp, f"{workload}-whole.json")
     rc, _ = run([*launch, "--graphs", "full", "--steps", str(STEPS), "--save", ckpt, "--save-interval", "10",
@@ -121,6 +150,54 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         w, h = load(whole), load(half)
         check(w["losses"][STEPS // 2:] == h["losses"] and w["weights_hash"] == h["weights_hash"],
               f"{workload}: DP2 resume bit-exact (losses and weights of 20 straight steps)", failures)
+
+
+def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
+    """TP2: one model split over two processes, its all-reduces and all-gathers in the graphs."""
+    binary = os.path.join(bin_dir, f"replay-{workload}")
+    launch = [mpiexec, "-n", "2", "--oversubscribe", binary, "--tp", "2", "--preset", "tiny", "--dropout",
+              "0", "--seed", "7", "--warmup", "2", "--log-interval", "5"]
+    runs = {}
+    for mode in ("none", "layer", "full"):
+        out = os.path.join(tmp, f"{workload}-tp2-{mode}.json")
+        rc, text = run([*launch, "--graphs", mode, "--steps", str(STEPS), "--json", out])
+        check(rc == 0, f"{workload}: TP2 {mode} runs", failures)
+        if rc == 0:
+            runs[mode] = load(out)
+            if mode != "none":
+                check("the same on all 2 ranks" in text, f"{workload}: TP2 {mode}: the capture check passed",
+                      failures)
+    if len(runs) == 3:
+        hashes = {m: (d["loss_hash"], d["weights_hash"]) for m, d in runs.items()}
+        check(len(set(hashes.values())) == 1,
+              f"{workload}: TP2 losses and weights bit-identical in none, layer and full ({hashes})", failures)
+        d = runs["full"]
+        check(d["parallel"]["tensor_parallel"] == 2 and d["tensor_parallel_collectives"].startswith("run"),
+              f"{workload}: TP2's JSON says the collectives ran ({d['tensor_parallel_collectives']})", failures)
+        losses = d["losses"]
+        check(sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1,
+              f"{workload}: TP2's loss falls ({losses[0]:.4f} -> {losses[-1]:.4f})", failures)
+
+    one = os.path.join(tmp, f"{workload}-tp1.json")
+    rc, _ = run([binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps",
+                 str(STEPS), "--json", one])
+    check(rc == 0, f"{workload}: the whole model on one GPU runs", failures)
+    if rc == 0 and "full" in runs:
+        a, b = runs["full"]["losses"], load(one)["losses"]
+        first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
+        print(f"{workload}: TP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
+              f"{first:.2e}, the worst step by {worst:.2e}")
+        out_dir = os.environ.get("REPLAY_DP_OUT")
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, f"{workload}-tp2-vs-1gpu.json"), "w") as f:
+                json.dump({"workload": workload, "tp2_losses": a, "one_gpu_losses": b, "step0_diff": first,
+                           "worst_diff": worst, "tp2_hashes": {m: d["loss_hash"] for m, d in runs.items()}},
+                          f, indent=2)
+        check(first <= TP_FIRST_STEP_TOLERANCE, f"{workload}: TP2's step 0 loss matches one GPU's ({first:.2e})",
+              failures)
+        check(worst <= LOSS_TOLERANCE, f"{workload}: TP2's 20 losses within {LOSS_TOLERANCE} of one GPU's "
+              f"({worst:.2e})", failures)
 
 
 def main():
@@ -136,6 +213,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="replay-dp-") as tmp:
         for workload in ("gpt3", "llama31"):
             crosscheck(workload, bin_dir, mpiexec, tmp, failures)
+            tensor_parallel(workload, bin_dir, mpiexec, tmp, failures)
     print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
     return 1 if failures else 0
 
