@@ -139,6 +139,10 @@ void Trainer::build_step_plan() {
   // Gradients and activations are rewritten every step.
   step_plan_->set_warmup_hold(&scalars_->hold);
   step_plan_->add_state("step_scalars", step_scalars_view(scalars_));
+  // The model's own carried state (a router's biases, EMA weights) changes in the warm-up too:
+  // saved and restored with the scalars, so step 0 starts from the same bytes whatever --warmup.
+  for (const Model::NamedTensor& t : model_.checkpoint_state())
+    step_plan_->add_state("state." + t.name, t.view);
   step_plan_->set_rng(rng_.get());
   const std::vector<std::string> keys = model_.shape_keys();
   if (!keys.empty()) step_plan_->set_shape_keys(keys, [this](int k) { model_.select_shape(k); });
