@@ -48,12 +48,21 @@ nlohmann::ordered_json run_config(const Workload& w, const RunFlags& f) {
 nlohmann::ordered_json to_json(const TrainingConfig& t) {
   nlohmann::ordered_json j;
   using bench::decimal;
-  j["optimizer"] = {{"name", "adamw"},
-                    {"beta1", decimal(t.adam.beta1)},
-                    {"beta2", decimal(t.adam.beta2)},
-                    {"eps", decimal(t.adam.eps)},
-                    {"weight_decay", decimal(t.adam.weight_decay)},
-                    {"clip_norm", decimal(t.clip_norm)}};
+  if (t.optimizer == TrainingConfig::Optimizer::kLamb) {
+    j["optimizer"] = {{"name", "lamb"},
+                      {"beta1", decimal(t.lamb.beta1)},
+                      {"beta2", decimal(t.lamb.beta2)},
+                      {"eps", decimal(t.lamb.eps)},
+                      {"weight_decay", decimal(t.lamb.weight_decay)},
+                      {"clip_norm", decimal(t.clip_norm)}};
+  } else {
+    j["optimizer"] = {{"name", "adamw"},
+                      {"beta1", decimal(t.adam.beta1)},
+                      {"beta2", decimal(t.adam.beta2)},
+                      {"eps", decimal(t.adam.eps)},
+                      {"weight_decay", decimal(t.adam.weight_decay)},
+                      {"clip_norm", decimal(t.clip_norm)}};
+  }
   const LrSchedule& s = t.schedule;
   j["schedule"] = {{"kind", s.kind == LrKind::kWarmupCosine     ? "warmup_cosine"
                             : s.kind == LrKind::kWarmupConstant ? "warmup_constant"

@@ -29,6 +29,14 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
     // The grad norm's sum of squares (a double), then a float the planted fault reduces.
     sumsq_id_ = plan_.add("grad_norm.sumsq", DType::kFP32, 4, "optimizer");
   model_.plan(plan_);
+  if (training_.optimizer == TrainingConfig::Optimizer::kLamb) {
+    REPLAY_REQUIRE(dp == nullptr && options_.tensor_parallel == nullptr,
+                   "LAMB runs in one process: its per-tensor norms would need every rank's share");
+    const ParamStore& p = model_.params();
+    lamb_ws_id_ = plan_.add("lamb.workspace",
+                            lamb_workspace_bound(p.buffer_numel(), static_cast<int64_t>(p.count())),
+                            "optimizer");
+  }
   scalars_id_ = plan_step_scalars(plan_);
   rng_id_ = graphs::RngTracker::plan(plan_, kRngStreams);
   plan_.plan();
@@ -51,6 +59,7 @@ void Trainer::allocate() {
 
   scalars_ = arena_->as<StepScalars>(scalars_id_);
   if (sumsq_id_ >= 0) sumsq_ = static_cast<double*>(arena_->data(sumsq_id_));
+  if (lamb_ws_id_ >= 0) lamb_ws_ = arena_->data(lamb_ws_id_);
   const LossScalerConfig* scaler = training_.loss_scaling ? &*training_.loss_scaling : nullptr;
   init_step_scalars(scalars_, scaler ? scaler->init_scale : 1.0f, scaler ? scaler->hysteresis : 1,
                     s);
@@ -194,8 +203,13 @@ void Trainer::optimizer_step(cudaStream_t s) const {
     }
   }
   prepare_optimizer(t.schedule, scalars_, s);
-  adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
-             &scalars_->noop, s);
+  if (t.optimizer == TrainingConfig::Optimizer::kLamb) {
+    lamb_step(params.adamw_table(), t.lamb, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
+              &scalars_->noop, lamb_ws_, arena_->bytes(lamb_ws_id_), s);
+  } else {
+    adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
+               &scalars_->noop, s);
+  }
   if (dp != nullptr) {  // every rank's updated share, to every rank
     const TensorView w = params.weights();
     const size_t esize = dtype_size(w.dtype);
@@ -211,13 +225,17 @@ void Trainer::optimizer_step(cudaStream_t s) const {
 
 graphs::RegionArgs Trainer::optimizer_args() const {
   const ParamStore& params = model_.params();
-  return graphs::RegionArgs()
-      .read("grads", params.grads())
+  graphs::RegionArgs a;
+  a.read("grads", params.grads())
       .read_write("params.weights", params.weights())
       .read_write("params.master", params.masters())
       .read_write("adam.exp_avg", params.exp_avg())
       .read_write("adam.exp_avg_sq", params.exp_avg_sq())
       .read_write("step_scalars", step_scalars_view(scalars_));
+  if (lamb_ws_ != nullptr)
+    a.write("lamb.workspace", TensorView(lamb_ws_, DType::kUINT8,
+                                         {static_cast<int64_t>(arena_->bytes(lamb_ws_id_))}));
+  return a;
 }
 
 void Trainer::gather_optimizer_state() {

@@ -130,7 +130,8 @@ class Trainer {
   TrainerOptions options_;
   ArenaPlan plan_;
   bench::PeakBuffers peak_buffers_;
-  BufferId scalars_id_ = -1, rng_id_ = -1, sumsq_id_ = -1;
+  BufferId scalars_id_ = -1, rng_id_ = -1, sumsq_id_ = -1, lamb_ws_id_ = -1;
+  void* lamb_ws_ = nullptr;  // LAMB's per-chunk norms and per-tensor ratios
   double* sumsq_ = nullptr;  // data parallel: the grad norm's sum of squares, all-reduced
   const Arena* arena_ = nullptr;
   size_t used_before_arena_ = 0;

@@ -26,6 +26,7 @@
 #include "common/comm.h"
 #include "common/context.h"
 #include "common/optim/adamw.h"
+#include "common/optim/lamb.h"
 #include "train/flags.h"
 #include "train/model.h"
 #include "train/schedule.h"
@@ -57,6 +58,11 @@ struct TrainingConfig {
   // Where the schedule comes from, printed with it: "MLPerf GPT-3: 265 x 1536 warm-up samples and
   // 166,809,600 decay samples, at the shard's global batch of 1 sequence a step".
   std::string schedule_source;
+  // The update: AdamW with `adam` (the default), or LAMB with `lamb` (MLPerf RNN-T; one process,
+  // no data or tensor parallelism: its per-tensor norms would need the other ranks' shares).
+  enum class Optimizer { kAdamW, kLamb };
+  Optimizer optimizer = Optimizer::kAdamW;
+  LambHyper lamb;
 };
 
 // Who the workload is: names in output, JSON and mllog.

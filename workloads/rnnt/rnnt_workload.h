@@ -59,6 +59,7 @@ class RnntWorkload : public train::Workload {
   std::string precision_flag_ = "fp16";
   int batch_flag_ = 0;
   std::string decoder_flag_ = "while";
+  std::string optimizer_flag_;  // "", "lamb", "adamw": empty is the preset's
   // Resolved.
   std::string preset_;
   RnntShape shape_;
@@ -67,6 +68,7 @@ class RnntWorkload : public train::Workload {
   int64_t steps_ = 0;
   uint64_t seed_ = 0;
   double lr_ = 0;
+  bool lamb_ = true;
   int64_t warmup_epochs_ = 0, hold_epochs_ = 0;
   float gamma_ = 1.0f;
   SpeechDatasetParams dataset_;

@@ -50,6 +50,10 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
     EXPECT_EQ(w.precision(), "fp16");
     const nlohmann::ordered_json c = w.config();
     EXPECT_EQ(c["pad"], "ladder");  // graphs default to full
+    const train::TrainingConfig t = w.training();
+    EXPECT_EQ(t.optimizer, train::TrainingConfig::Optimizer::kLamb);  // MLPerf's
+    EXPECT_EQ(t.lamb.eps, 1e-9f);
+    EXPECT_EQ(t.lamb.weight_decay, 1e-3f);
   }
   {
     RnntWorkload w;
@@ -75,7 +79,8 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
   const train::TrainingConfig t =
       train::training_config(w, resolved(w, {"--preset", "tiny", "--seed", "1"}));
   EXPECT_EQ(t.schedule.kind, train::LrKind::kRnntWarmupHoldDecay);
-  EXPECT_TRUE(t.loss_scaling.has_value());  // fp16
+  EXPECT_EQ(t.optimizer, train::TrainingConfig::Optimizer::kAdamW);  // tiny's default
+  EXPECT_TRUE(t.loss_scaling.has_value());                           // fp16
   EXPECT_EQ(t.adam.eps, 1e-9f);
   EXPECT_EQ(t.adam.weight_decay, 1e-3f);
 }

@@ -4,6 +4,8 @@
 //   eagerly against the graphs too); layer captures the six LSTM regions per rung and full one
 //   graph per rung; the loss falls.
 // - RnntExact: none at each batch's own shape (its default) trains with finite, falling losses.
+// - RnntLamb: --optimizer lamb (common/optim/lamb.h in the trainer) is bit-identical in none and
+//   full on the ladder, with finite losses.
 // - RnntBf16: --precision bf16 (no loss scaling) in full mode trains with finite losses.
 // - RnntDecoding: greedy decoding of the held-out split after 24 steps emits the same tokens with
 //   the eager host loop, NVIDIA's unrolled graph (none) and the WHILE conditional node, eager
@@ -78,6 +80,15 @@ TEST(RnntExact, NoneAtEachBatchsOwnShapeTrains) {
   const train::RunResult exact = run({"--graphs", "none"}, &shapes);
   expect_falls(exact.report.losses, "none --pad exact");
   EXPECT_GE(shapes, 2);
+}
+
+TEST(RnntLamb, LambIsBitIdenticalAcrossModesAndTrains) {
+  const train::RunResult none = run({"--graphs", "none", "--pad", "ladder", "--optimizer", "lamb"});
+  for (float l : none.report.losses) ASSERT_TRUE(std::isfinite(l));
+  const train::RunResult full = run({"--graphs", "full", "--optimizer", "lamb"});
+  expect_identical(none, full, "lamb: full vs none");
+  const double first = none.report.losses.front(), last = none.report.losses.back();
+  std::printf("LAMB tiny: loss %.4f -> %.4f in 12 steps\n", first, last);
 }
 
 TEST(RnntBf16, FullGraphTrainsInBf16) {
