@@ -492,3 +492,24 @@ void decode_store(int32_t* out_tokens, int32_t* out_lengths, int32_t* counter, i
 }
 
 }  // namespace replay::rnnt
+
+namespace replay::rnnt {
+namespace {
+
+__global__ void ema_kernel(float* ema, const float* w, int64_t n, float decay) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ema[i] = decay * ema[i] + (1.0f - decay) * w[i];
+}
+
+}  // namespace
+
+void ema_update(float* ema, const float* w, int64_t n, float decay, cudaStream_t stream) {
+  REPLAY_REQUIRE(ema != nullptr && w != nullptr && n >= 0, "ema_update: null pointer");
+  REPLAY_REQUIRE(decay >= 0.0f && decay < 1.0f, "ema_update: decay must be in [0, 1)");
+  if (n == 0) return;
+  ema_kernel<<<blocks_for(n), kThreads, 0, stream>>>(ema, w, n, decay);
+  REPLAY_LAUNCH_CHECK();
+}
+
+}  // namespace replay::rnnt

@@ -107,3 +107,11 @@ void decode_store(int32_t* out_tokens, int32_t* out_lengths, int32_t* counter, i
                   const DecodeState& st, const DecodeShape& shape, cudaStream_t stream);
 
 }  // namespace replay::rnnt
+
+namespace replay::rnnt {
+
+// The exponential moving average of the weights evaluation uses (MLPerf RNN-T's EMA):
+// ema[i] = decay * ema[i] + (1 - decay) * w[i] in fp32, i < n. decay in [0, 1).
+void ema_update(float* ema, const float* w, int64_t n, float decay, cudaStream_t stream);
+
+}  // namespace replay::rnnt

@@ -324,6 +324,11 @@ void RnntModel::plan(ArenaPlan& plan) {
   add(plan, &eval_tokens_, "eval.tokens", DType::kINT32, eval_batches_ * B * S);
   add(plan, &eval_lens_, "eval.lengths", DType::kINT32, eval_batches_ * B);
   add(plan, &eval_counter_, "eval.counter", DType::kINT32, 1);
+  if (shape_.ema > 0.0f) {
+    // Carried from step to step: its own lifetime (the whole run), not the activations'.
+    ema_id_ = plan.add("rnnt.ema", DType::kFP32, params_.buffer_numel(), "optimizer");
+    add(plan, &eval_weights_, "eval.weights", dt, params_.buffer_numel());
+  }
   add(plan, &x_, "x", dt, B * T * F);
   add(plan, &dx_, "dx", dt, B * T * F);
   add(plan, &y1_, "enc_pre.y", dt, B * T * H);
@@ -366,6 +371,7 @@ void RnntModel::plan(ArenaPlan& plan) {
 void RnntModel::bind(const Arena& arena) {
   params_.bind(arena);
   for (const Buffer& b : buffers_) *b.ptr = arena.data(b.id);
+  if (ema_id_ >= 0) ema_ = static_cast<float*>(arena.data(ema_id_));
   int32_t* ints = static_cast<int32_t*>(dec_ints_);
   const int64_t B = shape_.batch;
   dec_.label = ints;
@@ -395,6 +401,10 @@ void RnntModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t 
     base += 1000000;
   }
   pred_step_->check_weight_layout(ctx_, params_.weight(pred_rnn_.param));
+  if (ema_ != nullptr)  // the average starts at the initial weights
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(ema_, params_.masters().data,
+                                      static_cast<size_t>(params_.buffer_numel()) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
   // Defined bytes in the inputs before the first batch (warm-up at a shape larger than the first
   // batch's reads past what it loaded).
   for (const Buffer& b : buffers_)
@@ -605,6 +615,18 @@ std::vector<graphs::Region> RnntModel::regions() {
     return r;
   };
   std::vector<Region> out;
+  if (ema_ != nullptr)
+    out.push_back(region(
+        "ema", RegionKind::kOther,
+        [this](cudaStream_t s) {
+          ema_update(ema_, static_cast<const float*>(params_.masters().data),
+                     params_.buffer_numel(), shape_.ema, s);
+        },
+        [this] {
+          return RegionArgs()
+              .read("params.master", params_.masters())
+              .read_write("ema", TensorView(ema_, DType::kFP32, {params_.buffer_numel()}));
+        }));
   out.push_back(region(
       "encoder.pre.fwd", RegionKind::kForwardLayer, [this](cudaStream_t s) { encoder_pre_fwd(s); },
       [=] {
@@ -812,21 +834,34 @@ std::optional<train::EvalInfo> RnntModel::evaluation() const {
   return e;
 }
 
+void* RnntModel::eval_weight(train::ParamId id) const {
+  if (eval_weights_ == nullptr) return params_.weight(id);
+  return static_cast<char*>(eval_weights_) +
+         static_cast<size_t>(params_.offset(id)) * dtype_size(shape_.dtype);
+}
+
+std::vector<train::Model::NamedTensor> RnntModel::checkpoint_state() const {
+  if (ema_ == nullptr) return {};
+  return {{"ema", TensorView(ema_, DType::kFP32, {params_.buffer_numel()})}};
+}
+
 void RnntModel::eval_encoder(cudaStream_t s) {
+  if (eval_weights_ != nullptr)  // evaluation decodes with the EMA of the weights
+    cast_from_fp32(eval_weights_, shape_.dtype, ema_, params_.buffer_numel(), s);
   // No dropout: the stacked pre-network output feeds the post network directly.
   auto infer = [&](Stack& st, int64_t seq, const void* x, void* y) {
     std::fill(st.host_lengths.begin(), st.host_lengths.end(), static_cast<int32_t>(seq));
     st.plan->set_lengths(st.host_lengths.data(), seq);
     fill_int32(st.lengths, static_cast<int32_t>(seq), shape_.batch, s);
     LstmForwardArgs a;
-    a.lengths = st.lengths, a.x = x, a.weights = params_.weight(st.param), a.y = y;
+    a.lengths = st.lengths, a.x = x, a.weights = eval_weight(st.param), a.y = y;
     st.plan->forward(ctx_, s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr, 0);
   };
   infer(enc_pre_, eval_.T, x_, y1_);
   infer(enc_post_, eval_.Te, y1_, y2_);
   GemmArgs fe;
-  fe.a = y2_, fe.b = params_.weight(enc_proj_.weight), fe.d = e_;
-  fe.bias = params_.weight(enc_proj_.bias);
+  fe.a = y2_, fe.b = eval_weight(enc_proj_.weight), fe.d = e_;
+  fe.bias = eval_weight(enc_proj_.bias);
   gemm(linear_forward(shape_.batch * eval_.Te, shape_.enc_hidden, shape_.joint_hidden), fe, s);
 }
 
@@ -835,21 +870,21 @@ void RnntModel::decode_step(cudaStream_t s) {
   const int64_t B = shape_.batch, Hp = shape_.pred_hidden, J = shape_.joint_hidden,
                 V = shape_.vocab;
   const DType dt = shape_.dtype;
-  decode_embed(dec_x_, params_.weight(embed_), dec_.label, dt, ds, Hp, s);
+  decode_embed(dec_x_, eval_weight(embed_), dec_.label, dt, ds, Hp, s);
   pred_step_->set_lengths(ones_.data(), 1);
   fill_int32(step_lengths_, 1, B, s);
   LstmForwardArgs a;
   a.lengths = step_lengths_, a.x = dec_x_, a.hx = dec_h_, a.cx = dec_c_;
-  a.weights = params_.weight(pred_rnn_.param), a.y = dec_y_, a.hy = dec_hy_, a.cy = dec_cy_;
+  a.weights = eval_weight(pred_rnn_.param), a.y = dec_y_, a.hy = dec_hy_, a.cy = dec_cy_;
   pred_step_->forward(ctx_, s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr, 0);
   GemmArgs q;
-  q.a = dec_y_, q.b = params_.weight(pred_proj_.weight), q.d = dec_q_;
-  q.bias = params_.weight(pred_proj_.bias);
+  q.a = dec_y_, q.b = eval_weight(pred_proj_.weight), q.d = dec_q_;
+  q.bias = eval_weight(pred_proj_.bias);
   gemm(linear_forward(B, Hp, J), q, s);
   decode_joint(dec_hj_, e_, dec_q_, dec_.frame, dt, B, eval_.Te, J, s);
   GemmArgs o;
-  o.a = dec_hj_, o.b = params_.weight(out_.weight), o.d = dec_logits_;
-  o.bias = params_.weight(out_.bias);
+  o.a = dec_hj_, o.b = eval_weight(out_.weight), o.d = dec_logits_;
+  o.bias = eval_weight(out_.bias);
   gemm(linear_forward(B, J, V), o, s);
   decode_update(dec_, dec_logits_, dec_h_, dec_c_, dec_hy_, dec_cy_, dt,
                 static_cast<const int32_t*>(enc_len_), ds, s);
@@ -911,8 +946,11 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
   enc.kind = graphs::RegionKind::kForwardLayer;
   enc.enqueue = [this](cudaStream_t s, const RegionArgs&) { eval_encoder(s); };
   enc.args = [=] {
-    return RegionArgs()
-        .read("x", TensorView(x_, dt, {B, eval_.T, shape_.feature_dim}))
+    RegionArgs a;
+    if (ema_ != nullptr)
+      a.read("ema", TensorView(ema_, DType::kFP32, {params_.buffer_numel()}))
+          .write("eval.weights", TensorView(eval_weights_, dt, {params_.buffer_numel()}));
+    return a.read("x", TensorView(x_, dt, {B, eval_.T, shape_.feature_dim}))
         .read("params", params_.weights())
         .write("enc_pre.lengths", TensorView(enc_pre_.lengths, DType::kINT32, {B}))
         .write("enc_post.lengths", TensorView(enc_post_.lengths, DType::kINT32, {B}))
@@ -931,7 +969,8 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
     return RegionArgs()
         .read("e", TensorView(e_, dt, {B, eval_.Te, J}))
         .read("enc_lengths", TensorView(enc_len_, DType::kINT32, {B}))
-        .read("params", params_.weights())
+        .read("params", eval_weights_ ? TensorView(eval_weights_, dt, {params_.buffer_numel()})
+                                      : params_.weights())
         .write("state.h", TensorView(dec_h_, dt, {L, B, Hp}))
         .write("state.c", TensorView(dec_c_, dt, {L, B, Hp}))
         .write("state.hy", TensorView(dec_hy_, dt, {L, B, Hp}))

@@ -69,6 +69,9 @@ struct RnntShape {
   float pred_dropout = 0.3f;
   float joint_dropout = 0.3f;
   DType dtype = DType::kFP16;
+  // Evaluation decodes with an exponential moving average of the weights (MLPerf's EMA) when
+  // ema > 0: updated at the start of every step from the previous step's weights; 0: the weights.
+  float ema = 0.0f;
 
   int32_t blank() const { return static_cast<int32_t>(vocab - 1); }
   // Throws bench::UsageError-free Error naming the field when the shape cannot run.
@@ -140,6 +143,8 @@ class RnntModel : public train::Model {
 
   double flops_per_step() const override;
   std::string flops_formula() const override;
+  // The EMA weights (with shape.ema > 0), carried from step to step and checkpointed.
+  std::vector<NamedTensor> checkpoint_state() const override;
   double units_per_step() const override { return static_cast<double>(shape_.batch); }
   double samples_per_step() const override { return static_cast<double>(shape_.batch); }
 
@@ -203,6 +208,8 @@ class RnntModel : public train::Model {
   void encoder_post_bwd(cudaStream_t s);
   void encoder_pre_bwd(cudaStream_t s);
   void eval_encoder(cudaStream_t s);
+  // A weight as evaluation reads it: the EMA's copy in the model's type, or the weight itself.
+  void* eval_weight(train::ParamId id) const;
   void eval_decode(cudaStream_t s);
   void decode_step(cudaStream_t s);
   DecodeShape decode_shape() const;
@@ -250,6 +257,9 @@ class RnntModel : public train::Model {
   void *dec_logits_ = nullptr, *dec_ints_ = nullptr, *dec_tokens_ = nullptr;
   void* dec_lengths_ = nullptr;
   void *eval_tokens_ = nullptr, *eval_lens_ = nullptr, *eval_counter_ = nullptr;
+  BufferId ema_id_ = -1;
+  float* ema_ = nullptr;          // fp32, the masters' layout (with shape.ema > 0)
+  void* eval_weights_ = nullptr;  // the EMA rounded to the model's type, for evaluation
 
   std::vector<Buffer> buffers_;
   // Device buffers (sized for the largest shape; views take the current one).

@@ -67,6 +67,10 @@ void RnntWorkload::add_flags(CLI::App& app) {
                  "lamb (MLPerf's: eps 1e-9, weight decay 1e-3; the mlperf-b192 default) or adamw "
                  "(the same eps and decay; the tiny default)")
       ->check(CLI::IsMember({"lamb", "adamw"}));
+  app.add_option("--ema", ema_flag_,
+                 "decay of the weights' moving average evaluation decodes with (0: none; "
+                 "default 0.999 for mlperf-b192, 0 for tiny)")
+      ->check(train::number_in(0.0, 0.999999));
 }
 
 void RnntWorkload::resolve(const train::RunFlags& flags) {
@@ -87,6 +91,8 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
     lamb_ = optimizer_flag_ != "adamw";
     lr_ = lamb_ ? 7e-3 : 1e-3, warmup_epochs_ = 6, hold_epochs_ = 40, gamma_ = 0.915f;
   }
+  shape_.ema = preset_ == "tiny" ? 0.0f : 0.999f;
+  if (ema_flag_ >= 0) shape_.ema = static_cast<float>(ema_flag_);
   if (batch_flag_ > 0) shape_.batch = batch_flag_;
   dtype_ = precision_flag_ == "bf16" ? DType::kBF16 : DType::kFP16;
   shape_.dtype = dtype_;
@@ -124,6 +130,7 @@ nlohmann::ordered_json RnntWorkload::config() const {
                   {"prediction", shape_.pred_dropout},
                   {"joint", shape_.joint_dropout}};
   j["precision"] = precision();
+  j["ema"] = shape_.ema;
   j["pad"] = exact_ ? "exact" : "ladder";
   j["ladder_rungs_asked"] = ladder_flag_;
   j["decoder"] = decoder_flag_;

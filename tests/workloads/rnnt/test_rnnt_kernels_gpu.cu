@@ -193,6 +193,31 @@ INSTANTIATE_TEST_SUITE_P(Types, RnntKernels, ::testing::Values(DType::kFP16, DTy
 }  // namespace
 }  // namespace replay::rnnt
 
+// ---- The EMA of the weights ---------------------------------------------------------------------
+
+namespace replay::rnnt {
+namespace {
+
+TEST(RnntKernelsEma, MatchesTheHostFormula) {
+  const int64_t n = 5003;
+  std::mt19937 g(21);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> ema(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+  for (float& x : ema) x = d(g);
+  for (float& x : w) x = d(g);
+  Dev<float> de(ema), dw(w);
+  const float decay = 0.999f;
+  ema_update(de.p, dw.p, n, decay, nullptr);
+  const std::vector<float> got = de.down();
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = decay * static_cast<double>(ema[i]) + (1.0 - decay) * w[i];
+    ASSERT_NEAR(got[i], want, 1e-6 * (std::fabs(want) + 1.0)) << i;
+  }
+}
+
+}  // namespace
+}  // namespace replay::rnnt
+
 // ---- Greedy decoding's kernels against a CPU model of one step ----------------------------------
 
 namespace replay::rnnt {

@@ -54,6 +54,7 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
     EXPECT_EQ(t.optimizer, train::TrainingConfig::Optimizer::kLamb);  // MLPerf's
     EXPECT_EQ(t.lamb.eps, 1e-9f);
     EXPECT_EQ(t.lamb.weight_decay, 1e-3f);
+    EXPECT_FLOAT_EQ(w.shape().ema, 0.999f);
   }
   {
     RnntWorkload w;
@@ -80,7 +81,8 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
       train::training_config(w, resolved(w, {"--preset", "tiny", "--seed", "1"}));
   EXPECT_EQ(t.schedule.kind, train::LrKind::kRnntWarmupHoldDecay);
   EXPECT_EQ(t.optimizer, train::TrainingConfig::Optimizer::kAdamW);  // tiny's default
-  EXPECT_TRUE(t.loss_scaling.has_value());                           // fp16
+  EXPECT_EQ(w.shape().ema, 0.0f);
+  EXPECT_TRUE(t.loss_scaling.has_value());  // fp16
   EXPECT_EQ(t.adam.eps, 1e-9f);
   EXPECT_EQ(t.adam.weight_decay, 1e-3f);
 }

@@ -4,8 +4,9 @@
 //   eagerly against the graphs too); layer captures the six LSTM regions per rung and full one
 //   graph per rung; the loss falls.
 // - RnntExact: none at each batch's own shape (its default) trains with finite, falling losses.
-// - RnntLamb: --optimizer lamb (common/optim/lamb.h in the trainer) is bit-identical in none and
-//   full on the ladder, with finite losses.
+// - RnntLamb: --optimizer lamb (common/optim/lamb.h in the trainer) with an EMA of the weights
+//   for evaluation is bit-identical in none and full on the ladder (losses, weights, decoded
+//   tokens), with finite losses.
 // - RnntBf16: --precision bf16 (no loss scaling) in full mode trains with finite losses.
 // - RnntDecoding: greedy decoding of the held-out split after 24 steps emits the same tokens with
 //   the eager host loop, NVIDIA's unrolled graph (none) and the WHILE conditional node, eager
@@ -82,11 +83,18 @@ TEST(RnntExact, NoneAtEachBatchsOwnShapeTrains) {
   EXPECT_GE(shapes, 2);
 }
 
-TEST(RnntLamb, LambIsBitIdenticalAcrossModesAndTrains) {
-  const train::RunResult none = run({"--graphs", "none", "--pad", "ladder", "--optimizer", "lamb"});
+TEST(RnntLamb, LambAndEmaAreBitIdenticalAcrossModesAndTrain) {
+  RnntEvalLog en, ef;
+  const train::RunResult none = run({"--graphs", "none", "--pad", "ladder", "--optimizer", "lamb",
+                                     "--ema", "0.9", "--eval-interval", "12"},
+                                    nullptr, &en);
   for (float l : none.report.losses) ASSERT_TRUE(std::isfinite(l));
-  const train::RunResult full = run({"--graphs", "full", "--optimizer", "lamb"});
+  const train::RunResult full =
+      run({"--graphs", "full", "--optimizer", "lamb", "--ema", "0.9", "--eval-interval", "12"},
+          nullptr, &ef);
   expect_identical(none, full, "lamb: full vs none");
+  EXPECT_EQ(en.tokens_hash, ef.tokens_hash) << "decoding with the EMA weights";
+  EXPECT_EQ(en.utterances, 64);
   const double first = none.report.losses.front(), last = none.report.losses.back();
   std::printf("LAMB tiny: loss %.4f -> %.4f in 12 steps\n", first, last);
 }
