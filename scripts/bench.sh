@@ -261,6 +261,31 @@ if [ -x "$bin/replay-moe" ]; then
   [ "$have_torch" = 1 ] && run moe/pytorch_moe python3 scripts/pytorch_moe.py --json "$out/moe/pytorch_moe_gemms.json"
 fi
 
+# RNN-T at NVIDIA's 192 utterances per GPU: the ladder in three modes (none at each batch's own
+# shape, and on the ladder for the same-rung memory comparison), evaluation by the WHILE node, the
+# host loop and NVIDIA's unrolled graph, and PyTorch's eager and graphed step on the same ladder.
+if [ -x "$bin/replay-rnnt" ]; then
+  mkdir -p "$out/rnnt/pytorch"
+  rs=$([ "$quick" = 1 ] && echo 10 || echo 30)
+  for mode in none layer full; do
+    run "rnnt/replay_rnnt_mlperf-b192_$mode" "$bin/replay-rnnt" --preset mlperf-b192 --graphs "$mode" \
+      --steps "$rs" --eval-interval "$rs" --seed 1234 --json "$out/rnnt/replay_rnnt_mlperf-b192_$mode.json"
+  done
+  for dec in host unrolled; do
+    run "rnnt/replay_rnnt_mlperf-b192_none-ladder_$dec" "$bin/replay-rnnt" --preset mlperf-b192 --graphs none \
+      --pad ladder --decoder "$dec" --steps "$rs" --eval-interval "$rs" --seed 1234 \
+      --json "$out/rnnt/replay_rnnt_mlperf-b192_none-ladder_$dec.json"
+  done
+  if [ "$have_torch" = 1 ] && [ -f "$out/rnnt/replay_rnnt_mlperf-b192_full.json" ]; then
+    ladder=$(python3 -c 'import json, sys; print(",".join("%dx%d" % (s["frames"], s["labels"]) for s in json.load(open(sys.argv[1]))["config"]["shapes"]))' \
+      "$out/rnnt/replay_rnnt_mlperf-b192_full.json")
+    for mode in eager graphed; do
+      run "rnnt/pytorch_rnnt_$mode" python3 scripts/pytorch_rnnt.py --mode "$mode" --ladder "$ladder" \
+        --batch 192 --json "$out/rnnt/pytorch/pytorch_rnnt_$mode.json"
+    done
+  fi
+fi
+
 # Many GPUs, when more than one is visible: GPT-3 175B at real tensor parallelism over every GPU (up
 # to 4), beside the same shard on one GPU with its collectives not run (the cost of communication),
 # and data parallelism over 2 GPUs, each in the three graph modes.

@@ -35,6 +35,10 @@ struct EvalInfo {
   int64_t samples_per_batch = 1;
   int64_t default_samples = 0;    // held-out samples per evaluation unless --eval-samples says
   int64_t available_samples = 0;  // the held-out split's size
+  // In `full` mode the evaluation is one graph too, unless the model says its eval regions must be
+  // graphed one by one (`layer`'s units): RNN-T, whose cuDNN LSTM encoder and WHILE-node decoder
+  // aborted the process when captured into one graph (workloads/rnnt/README.md).
+  bool one_graph_in_full = true;
 };
 
 class Model {

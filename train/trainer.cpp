@@ -158,7 +158,10 @@ void Trainer::build_step_plan() {
 }
 
 void Trainer::build_eval_plan() {
-  graphs::StepPlanOptions o(options_.mode);
+  const std::optional<EvalInfo> info = model_.evaluation();
+  const bool per_region =
+      options_.mode == graphs::GraphMode::kFull && info && !info->one_graph_in_full;
+  graphs::StepPlanOptions o(per_region ? graphs::GraphMode::kLayer : options_.mode);
   o.warmup_steps =
       options_.warmup > 0 ? 1 : 0;  // the eval regions' libraries warm up outside capture
   eval_plan_ = std::make_unique<graphs::StepPlan>("eval", o);

@@ -75,8 +75,8 @@ TEST(Llama31Reference, OneStepMatchesTheCpuModel) {
 
 TEST(Llama31Binary, WritesTheJsonSummaryAndACompleteMllog) {
   test::expect_summary_and_mllog(recipe(), REPLAY_LLAMA31_BINARY, [](const nlohmann::json& j) {
-    EXPECT_EQ(j["config"]["heads"], 2);
-    EXPECT_EQ(j["config"]["kv_heads"], 1);
+    EXPECT_EQ(j["config"]["heads"], 4);
+    EXPECT_EQ(j["config"]["kv_heads"], 2);
   });
 }
 

@@ -206,8 +206,9 @@ TEST(MoeModes, TinyIsBitIdenticalInEveryModeAndScope) {
             8);
 }
 
-// The tiny preset with its own schedule learns: 100 steps in full mode take the mean loss of the
-// last 10 steps at least 0.5 below that of the first 10 (from about ln 512).
+// The tiny preset with its own schedule learns: step 0's loss is near ln 512 (a fresh model), and
+// 100 steps in full mode take the mean loss of the last 10 steps at least 0.5 below that of the
+// first 10 (which already fall: 5.37 on an H100).
 TEST(MoeLearning, TheTinyPresetsLossFalls) {
   const train::RunResult r = run({"--preset", "tiny", "--seed", "4242", "--steps", "100",
                                   "--warmup", "2", "--graphs", "full", "--log-interval", "20"});
@@ -215,7 +216,7 @@ TEST(MoeLearning, TheTinyPresetsLossFalls) {
   ASSERT_EQ(l.size(), 100u);
   double first = 0, last = 0;
   for (size_t i = 0; i < 10; ++i) first += l[i] / 10.0, last += l[90 + i] / 10.0;
-  EXPECT_GT(first, 5.5) << "a fresh model predicts about uniformly over 512 ids";
+  EXPECT_GT(l[0], 5.5) << "a fresh model predicts about uniformly over 512 ids";
   EXPECT_LT(last, first - 0.5) << "the loss did not fall: " << first << " -> " << last;
   EXPECT_GT(last, std::log(4.0)) << "below the data's floor";
 }
