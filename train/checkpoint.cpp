@@ -164,6 +164,8 @@ void check_output_file(const std::string& flag, const std::string& path) {
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     usage(flag + ": the directory " + dir + " does not exist");
   if (access(dir.c_str(), W_OK) != 0) usage(flag + ": cannot write in " + dir);
+  if (stat(path.c_str(), &st) == 0 && (S_ISDIR(st.st_mode) || access(path.c_str(), W_OK) != 0))
+    usage(flag + ": " + path + (S_ISDIR(st.st_mode) ? " is a directory" : " cannot be written"));
 }
 
 std::unique_ptr<safetensors::Reader> open_checkpoint(const std::string& path,

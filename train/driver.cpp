@@ -193,6 +193,9 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
         "yet (one file per shard is missing)");
   const bool leader = world.rank == 0;  // writes the JSON, the mllog and the checkpoints
 
+  // Every output the run writes at its end can be written, before any work.
+  if (leader && !f.json.empty()) check_output_file("--json", f.json);
+  if (leader && !f.mllog.empty()) check_output_file("--mllog", f.mllog);
   w.open_data(f, out);
   const CheckpointIdentity identity{info.tool, info.name, f.preset, w.precision(), f.seed};
   std::unique_ptr<safetensors::Reader> resume;

@@ -55,6 +55,15 @@ TEST(Gpt3Cli, BadFlagsExitTwoWithAClearMessage) {
   EXPECT_TRUE(has(o.output, "--host-delay-us") && has(o.output, "--layers")) << o.output;
 }
 
+TEST(Gpt3Cli, UnwritableOutputsAreRefusedBeforeAnyWork) {
+  Outcome o = run_binary("--preset tiny --json /proc/nope/x.json");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--json: the directory /proc/nope does not exist")) << o.output;
+  o = run_binary("--preset tiny --mllog /tmp");  // a directory, not a file
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--mllog: /tmp is a directory")) << o.output;
+}
+
 TEST(Gpt3Cli, PrintConfigGivesTheResolvedShardWithoutAGpu) {
   const Outcome o = run_binary("--preset 175b-tp4 --seed 5 --lr 1e-4 --print-config");
   ASSERT_EQ(o.status, 0) << o.output;
