@@ -22,9 +22,10 @@ namespace replay::train {
 
 // What the trainer hands the model at initialization (device pointers into the step scalars).
 struct StepIO {
-  float* loss = nullptr;              // where the step's loss goes (the loss region writes it)
-  const float* loss_scale = nullptr;  // the dynamic loss scale: the loss gradient is multiplied by
-                                      // it (1.0 without loss scaling)
+  float* loss = nullptr;               // where the step's loss goes (the loss region writes it)
+  const float* loss_scale = nullptr;   // the dynamic loss scale: the loss gradient is multiplied by
+                                       // it (1.0 without loss scaling)
+  const int64_t* iteration = nullptr;  // steps executed, skipped ones included (0 in the first)
 };
 
 // A model's evaluation: a metric over held-out batches, accumulated on the device by eval regions

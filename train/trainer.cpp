@@ -63,7 +63,8 @@ void Trainer::allocate() {
   const LossScalerConfig* scaler = training_.loss_scaling ? &*training_.loss_scaling : nullptr;
   init_step_scalars(scalars_, scaler ? scaler->init_scale : 1.0f, scaler ? scaler->hysteresis : 1,
                     s);
-  model_.initialize(options_.seed, StepIO{&scalars_->loss, &scalars_->loss_scale}, s);
+  model_.initialize(options_.seed,
+                    StepIO{&scalars_->loss, &scalars_->loss_scale, &scalars_->iteration}, s);
   rng_ = std::make_unique<graphs::RngTracker>(arena_->data(rng_id_), arena_->bytes(rng_id_),
                                               kRngStreams);
   rng_->add_parallel_streams(options_.seed, 0, 0, 0);  // this process is rank 0 of every group

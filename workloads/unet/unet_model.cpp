@@ -965,11 +965,9 @@ void UnetModel::bind(const Arena& arena) {
 void UnetModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) {
   Impl& m = *impl_;
   m.io = io;
-  // StepIO's pointers are fields of the trainer's StepScalars (train/trainer.cpp); the planted
-  // overflow reads the step counter beside them.
-  m.iteration = &reinterpret_cast<const train::StepScalars*>(
-                     reinterpret_cast<const char*>(io.loss) - offsetof(train::StepScalars, loss))
-                     ->iteration;
+  // The planted overflow reads the trainer's step counter.
+  REPLAY_REQUIRE(io.iteration != nullptr, "UNet: the trainer's step counter");
+  m.iteration = io.iteration;
   m.params.initialize(seed, stream);
   diffusion_schedule_init(m.table, stream);
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
