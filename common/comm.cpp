@@ -171,12 +171,39 @@ Communicator::~Communicator() {
   if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
 }
 
+uint64_t collective_bytes(Kind k, size_t count, ncclDataType_t dtype, int ranks) {
+  size_t element = 4;
+  switch (dtype) {
+    case ncclInt8:
+    case ncclUint8:
+      element = 1;
+      break;
+    case ncclFloat16:
+    case ncclBfloat16:
+      element = 2;
+      break;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      element = 8;
+      break;
+    default:
+      element = 4;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(count) * element;
+  return k == Kind::kAllReduce ? bytes : bytes * static_cast<uint64_t>(ranks);
+}
+
 void Communicator::record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op,
                           cudaStream_t stream) {
-  if (log_ == nullptr) return;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   REPLAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  log_->record({k, count, dtype, op, name_}, status == cudaStreamCaptureStatusActive);
+  const bool captured = status == cudaStreamCaptureStatusActive;
+  if (!captured) {
+    eager_.calls += 1;
+    eager_.bytes += collective_bytes(k, count, dtype, size_);
+  }
+  if (log_ != nullptr) log_->record({k, count, dtype, op, name_}, captured);
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,

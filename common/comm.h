@@ -52,6 +52,15 @@ void finalize_world();
 
 enum class Kind { kAllReduce, kReduceScatter, kAllGather };
 const char* kind_name(Kind k);
+// A collective's size as nccl-tests counts it: the buffer reduced (all-reduce), or the whole
+// buffer gathered or scattered, count x ranks elements (all-gather, reduce-scatter).
+uint64_t collective_bytes(Kind k, size_t count, ncclDataType_t dtype, int ranks);
+
+// What a communicator enqueued eagerly (outside any capture): calls and bytes (collective_bytes).
+struct Traffic {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+};
 
 struct CollectiveRecord {
   Kind kind;
@@ -99,6 +108,10 @@ class Communicator {
   void all_gather(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                   cudaStream_t stream);
 
+  // Collectives enqueued outside a capture so far (the trainer counts a warm-up step's: the
+  // communication volume of a step, which graphs replay unchanged).
+  const Traffic& eager_traffic() const { return eager_; }
+
   // nccl's asynchronous error ("" when none); abort() tears the communicator down at once.
   std::string async_error() const;
   void abort();
@@ -111,6 +124,7 @@ class Communicator {
   int rank_ = 0, size_ = 1;
   ncclComm_t comm_ = nullptr;
   CollectiveLog* log_ = nullptr;
+  Traffic eager_;
   bool aborted_ = false;
 };
 

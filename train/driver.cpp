@@ -321,6 +321,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   const bool graphed = topt.mode != graphs::GraphMode::kNone;
   std::fprintf(out, "# prepare: %d neutral warm-up steps%s in %.1f ms\n", f.warmup,
                graphed ? " and capture" : "", ms_since(t0));
+  if (const auto& t = trainer.step_traffic())
+    std::fprintf(
+        out, "# collectives: %" PRIu64 " a step, %.2f MB (this rank's calls, nccl-tests' sizes)\n",
+        t->calls, static_cast<double>(t->bytes) / 1e6);
   if (graphed) {
     std::fputs(trainer.step_plan().describe().c_str(), out);
     if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
@@ -483,6 +487,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   rep.data_parallel = dp;
   rep.tensor_parallel = tp;
   rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
+  if (const auto& t = trainer.step_traffic()) {
+    rep.collectives_per_step = static_cast<int64_t>(t->calls);
+    rep.comm_bytes_per_step = static_cast<int64_t>(t->bytes);
+  }
 
   std::fputs(bench::summary(rep).c_str(), out);
   if (!f.json.empty() && leader) {

@@ -3,6 +3,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -279,7 +280,25 @@ void Trainer::prepare() {
     eval_plan_->prepare(ctx_.stream());
   }
   load_batch();  // the first batch: the step's warm-up reads it and step 0 trains on it
+  // The warm-up runs the step eagerly warmup x keys times: what its collectives enqueue is the
+  // communication of a step, which the graphs replay unchanged.
+  auto traffic = [this] {
+    comm::Traffic t;
+    for (const comm::Communicator* c : {options_.data_parallel, options_.tensor_parallel})
+      if (c != nullptr) {
+        t.calls += c->eager_traffic().calls;
+        t.bytes += c->eager_traffic().bytes;
+      }
+    return t;
+  };
+  const comm::Traffic before = traffic();
   step_plan_->prepare(ctx_.stream());
+  const comm::Traffic after = traffic();
+  const auto steps = static_cast<uint64_t>(options_.warmup) *
+                     static_cast<uint64_t>(std::max<size_t>(model_.shape_keys().size(), 1));
+  if (steps > 0 && (options_.data_parallel != nullptr || options_.tensor_parallel != nullptr))
+    step_traffic_ =
+        comm::Traffic{(after.calls - before.calls) / steps, (after.bytes - before.bytes) / steps};
   model_.select_shape(key_);  // the plan leaves its last key selected
 }
 

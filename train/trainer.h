@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/arena.h"
@@ -113,6 +114,9 @@ class Trainer {
   // readback ring's first step is that iteration (after allocate(), before the first step).
   void resume_at(int64_t iteration);
   cudaStream_t stream() const { return ctx_.stream(); }
+  // Multi-process runs: the collectives of one step and their bytes (comm::collective_bytes),
+  // counted in the eager warm-up (after prepare(); none with --warmup 0 or one process).
+  const std::optional<comm::Traffic>& step_traffic() const { return step_traffic_; }
   // The region --inject planted its fault in ("" without one).
   const std::string& fault_region() const { return fault_region_; }
 
@@ -139,6 +143,7 @@ class Trainer {
   StepScalars* scalars_ = nullptr;
   int key_ = 0;  // the shape key of the batch last loaded
   int64_t steps_enqueued_ = 0;
+  std::optional<comm::Traffic> step_traffic_;
   std::string fault_region_;
   std::unique_ptr<graphs::RngTracker> rng_;
   std::unique_ptr<graphs::ReadbackRing> readback_;

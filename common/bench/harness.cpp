@@ -292,7 +292,11 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
       {"tensor_parallel", r.tensor_parallel},
       {"data_parallel", r.data_parallel},
       {"rank_step_ms", r.rank_step_ms},
-      {"slowest_rank", r.rank_step_ms.empty() ? ordered_json(nullptr) : ordered_json(slowest)}};
+      {"slowest_rank", r.rank_step_ms.empty() ? ordered_json(nullptr) : ordered_json(slowest)},
+      {"collectives_per_step",
+       r.collectives_per_step < 0 ? ordered_json(nullptr) : ordered_json(r.collectives_per_step)},
+      {"comm_bytes_per_step",
+       r.comm_bytes_per_step < 0 ? ordered_json(nullptr) : ordered_json(r.comm_bytes_per_step)}};
   return j;
 }
 

@@ -60,6 +60,15 @@ int main(int argc, char** argv) {
   }
   const int r = w.rank;
 
+  // Sizes as nccl-tests counts them (the volume a step reports): the buffer reduced, or the whole
+  // buffer gathered or scattered over the ranks.
+  using replay::comm::collective_bytes;
+  expect(collective_bytes(Kind::kAllReduce, 1000, ncclBfloat16, 4) == 2000, "all-reduce bytes", r);
+  expect(collective_bytes(Kind::kAllReduce, 1, ncclFloat64, 4) == 8, "fp64 all-reduce bytes", r);
+  expect(collective_bytes(Kind::kReduceScatter, 1000, ncclFloat32, 4) == 16000,
+         "reduce-scatter bytes", r);
+  expect(collective_bytes(Kind::kAllGather, 1000, ncclBfloat16, 2) == 4000, "all-gather bytes", r);
+
   // The same captured sequence everywhere; an eager (uncaptured) collective on rank 0 alone does
   // not count, but it is the last one enqueued there (the watchdog's message).
   CollectiveLog same = step_log();

@@ -98,8 +98,9 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         check(len(set(hashes.values())) == 1,
               f"{workload}: DP2 losses and weights bit-identical in none, layer and full ({hashes})", failures)
         p = runs["full"]["parallel"]
-        check(p["world_size"] == 2 and p["data_parallel"] == 2 and len(p["rank_step_ms"]) == 2,
-              f"{workload}: the JSON's parallel block ({p})", failures)
+        check(p["world_size"] == 2 and p["data_parallel"] == 2 and len(p["rank_step_ms"]) == 2 and
+              (p.get("collectives_per_step") or 0) >= 3 and (p.get("comm_bytes_per_step") or 0) > 0,
+              f"{workload}: the JSON's parallel block, with a step's collectives counted ({p})", failures)
 
     one = os.path.join(tmp, f"{workload}-1gpu.json")
     rc, _ = run([binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS),
