@@ -1,0 +1,36 @@
+# replay_search_suffixes(<include_var> <lib_var>): the folders below an install prefix where a CUDA
+# library's headers and libraries sit for the architecture being configured (not the build
+# machine's): include and lib, lib64; the platform's multiarch folders (include/<multiarch>,
+# lib/<multiarch>; CMAKE_LIBRARY_ARCHITECTURE where the compiler set it); and the CUDA toolkit's
+# targets/<arch>/include, lib, lib64. x86_64 -> x86_64-linux and x86_64-linux-gnu; aarch64 (Grace,
+# GH200) -> sbsa-linux, aarch64-linux and aarch64-linux-gnu. FindCUDNN and FindNCCL share it.
+function(replay_search_suffixes include_var lib_var)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+    set(targets sbsa-linux aarch64-linux)
+    set(multiarch aarch64-linux-gnu)
+  elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    set(targets x86_64-linux)
+    set(multiarch x86_64-linux-gnu)
+  elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(ppc64le|powerpc64le)$")
+    set(targets ppc64le-linux)
+    set(multiarch powerpc64le-linux-gnu)
+  else()
+    set(targets "")
+    set(multiarch "")
+  endif()
+  if(CMAKE_LIBRARY_ARCHITECTURE)
+    set(multiarch ${CMAKE_LIBRARY_ARCHITECTURE})
+  endif()
+  set(includes include)
+  set(libs lib lib64)
+  if(multiarch)
+    list(APPEND includes include/${multiarch})
+    list(APPEND libs lib/${multiarch})
+  endif()
+  foreach(t IN LISTS targets)
+    list(APPEND includes targets/${t}/include)
+    list(APPEND libs targets/${t}/lib targets/${t}/lib64)
+  endforeach()
+  set(${include_var} ${includes} PARENT_SCOPE)
+  set(${lib_var} ${libs} PARENT_SCOPE)
+endfunction()
