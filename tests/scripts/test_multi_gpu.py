@@ -79,48 +79,67 @@ def load(path):
         return json.load(f)
 
 
+def three_modes(workload, layout, launch, tmp, failures):
+    """Trains STEPS steps with `launch` in none, layer and full mode: each runs, the capture check
+    passes in the graph modes, and losses and weights are bit-identical. Returns {mode: its JSON}."""
+    runs = {}
+    for mode in ("none", "layer", "full"):
+        out = os.path.join(tmp, f"{workload}-{layout.lower()}-{mode}.json")
+        rc, text = run([*launch, "--graphs", mode, "--steps", str(STEPS), "--json", out])
+        check(rc == 0, f"{workload}: {layout} {mode} runs", failures)
+        if rc == 0:
+            runs[mode] = load(out)
+            if mode != "none":
+                check("the same on all 2 ranks" in text,
+                      f"{workload}: {layout} {mode}: the capture check passed", failures)
+    if len(runs) == 3:
+        hashes = {m: (d["loss_hash"], d["weights_hash"]) for m, d in runs.items()}
+        check(len(set(hashes.values())) == 1,
+              f"{workload}: {layout} losses and weights bit-identical in none, layer and full ({hashes})",
+              failures)
+    return runs
+
+
+def against_one_gpu(workload, layout, runs, one_gpu, what, first_tolerance, tmp, failures):
+    """Runs `one_gpu` (a command without --json) and compares its losses with the full-mode run of
+    `runs`: step 0 within `first_tolerance`, every step within LOSS_TOLERANCE (the sums are ordered
+    differently, so not bitwise). With REPLAY_DP_OUT set the measured differences go there."""
+    one = os.path.join(tmp, f"{workload}-{layout.lower()}-1gpu.json")
+    rc, _ = run([*one_gpu, "--json", one])
+    check(rc == 0, f"{workload}: {what} runs", failures)
+    if rc != 0 or "full" not in runs:
+        return
+    a, b = runs["full"]["losses"], load(one)["losses"]
+    first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
+    print(f"{workload}: {layout} {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs "
+          f"by {first:.2e}, the worst step by {worst:.2e}")
+    out_dir = os.environ.get("REPLAY_DP_OUT")
+    if out_dir:  # the measured differences, kept when the test passes too
+        os.makedirs(out_dir, exist_ok=True)
+        key = layout.lower()
+        with open(os.path.join(out_dir, f"{workload}-{key}-vs-1gpu.json"), "w") as f:
+            json.dump({"workload": workload, f"{key}_losses": a, "one_gpu_losses": b, "step0_diff": first,
+                       "worst_diff": worst, f"{key}_hashes": {m: d["loss_hash"] for m, d in runs.items()}},
+                      f, indent=2)
+    check(first <= first_tolerance, f"{workload}: {layout}'s step 0 loss matches one GPU's ({first:.2e})",
+          failures)
+    check(worst <= LOSS_TOLERANCE,
+          f"{workload}: {layout}'s {STEPS} losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})", failures)
+
+
 def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
     binary = os.path.join(bin_dir, f"replay-{workload}")
     common = ["--preset", "tiny", "--dropout", "0", "--seed", "7", "--warmup", "2", "--log-interval", "5"]
     launch = [mpiexec, "-n", "2", "--oversubscribe", binary, "--dp", "2", *common]
-    runs = {}
-    for mode in ("none", "layer", "full"):
-        out = os.path.join(tmp, f"{workload}-dp2-{mode}.json")
-        rc, text = run([*launch, "--graphs", mode, "--steps", str(STEPS), "--json", out])
-        check(rc == 0, f"{workload}: DP2 {mode} runs", failures)
-        if rc == 0:
-            runs[mode] = load(out)
-            if mode != "none":
-                check("the same on all 2 ranks" in text, f"{workload}: DP2 {mode}: the capture check passed",
-                      failures)
-    if len(runs) == 3:
-        hashes = {m: (d["loss_hash"], d["weights_hash"]) for m, d in runs.items()}
-        check(len(set(hashes.values())) == 1,
-              f"{workload}: DP2 losses and weights bit-identical in none, layer and full ({hashes})", failures)
+    runs = three_modes(workload, "DP2", launch, tmp, failures)
+    if "full" in runs:
         p = runs["full"]["parallel"]
         check(p["world_size"] == 2 and p["data_parallel"] == 2 and len(p["rank_step_ms"]) == 2 and
               (p.get("collectives_per_step") or 0) >= 3 and (p.get("comm_bytes_per_step") or 0) > 0,
               f"{workload}: the JSON's parallel block, with a step's collectives counted ({p})", failures)
-
-    one = os.path.join(tmp, f"{workload}-1gpu.json")
-    rc, _ = run([binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS),
-                 "--json", one])
-    check(rc == 0, f"{workload}: one GPU with two micro-batches runs", failures)
-    if rc == 0 and "full" in runs:
-        a, b = runs["full"]["losses"], load(one)["losses"]
-        first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
-        print(f"{workload}: DP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
-              f"{first:.2e}, the worst step by {worst:.2e}")
-        out_dir = os.environ.get("REPLAY_DP_OUT")
-        if out_dir:  # the measured differences, kept when the test passes too
-            os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, f"{workload}-dp2-vs-1gpu.json"), "w") as f:
-                json.dump({"workload": workload, "dp2_losses": a, "one_gpu_losses": b,
-                           "step0_diff": first, "worst_diff": worst,
-                           "dp2_hashes": {m: d["loss_hash"] for m, d in runs.items()}}, f, indent=2)
-        check(first <= FIRST_STEP_TOLERANCE, f"{workload}: step 0's loss matches one GPU ({first:.2e})", failures)
-        check(worst <= LOSS_TOLERANCE, f"{workload}: 20 losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})",
-              failures)
+    against_one_gpu(workload, "DP2", runs,
+                    [binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS)],
+                    "one GPU with two micro-batches", FIRST_STEP_TOLERANCE, tmp, failures)
 
     # --inject collective-mismatch: rank 1 captures one extra all-reduce; the capture check stops
     # the run before the first replay (which would hang) and names the extra collective.
@@ -158,47 +177,18 @@ def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
     binary = os.path.join(bin_dir, f"replay-{workload}")
     launch = [mpiexec, "-n", "2", "--oversubscribe", binary, "--tp", "2", "--preset", "tiny", "--dropout",
               "0", "--seed", "7", "--warmup", "2", "--log-interval", "5"]
-    runs = {}
-    for mode in ("none", "layer", "full"):
-        out = os.path.join(tmp, f"{workload}-tp2-{mode}.json")
-        rc, text = run([*launch, "--graphs", mode, "--steps", str(STEPS), "--json", out])
-        check(rc == 0, f"{workload}: TP2 {mode} runs", failures)
-        if rc == 0:
-            runs[mode] = load(out)
-            if mode != "none":
-                check("the same on all 2 ranks" in text, f"{workload}: TP2 {mode}: the capture check passed",
-                      failures)
-    if len(runs) == 3:
-        hashes = {m: (d["loss_hash"], d["weights_hash"]) for m, d in runs.items()}
-        check(len(set(hashes.values())) == 1,
-              f"{workload}: TP2 losses and weights bit-identical in none, layer and full ({hashes})", failures)
+    runs = three_modes(workload, "TP2", launch, tmp, failures)
+    if "full" in runs:
         d = runs["full"]
         check(d["parallel"]["tensor_parallel"] == 2 and d["tensor_parallel_collectives"].startswith("run"),
               f"{workload}: TP2's JSON says the collectives ran ({d['tensor_parallel_collectives']})", failures)
         losses = d["losses"]
         check(sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1,
               f"{workload}: TP2's loss falls ({losses[0]:.4f} -> {losses[-1]:.4f})", failures)
-
-    one = os.path.join(tmp, f"{workload}-tp1.json")
-    rc, _ = run([binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps",
-                 str(STEPS), "--json", one])
-    check(rc == 0, f"{workload}: the whole model on one GPU runs", failures)
-    if rc == 0 and "full" in runs:
-        a, b = runs["full"]["losses"], load(one)["losses"]
-        first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
-        print(f"{workload}: TP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
-              f"{first:.2e}, the worst step by {worst:.2e}")
-        out_dir = os.environ.get("REPLAY_DP_OUT")
-        if out_dir:
-            os.makedirs(out_dir, exist_ok=True)
-            with open(os.path.join(out_dir, f"{workload}-tp2-vs-1gpu.json"), "w") as f:
-                json.dump({"workload": workload, "tp2_losses": a, "one_gpu_losses": b, "step0_diff": first,
-                           "worst_diff": worst, "tp2_hashes": {m: d["loss_hash"] for m, d in runs.items()}},
-                          f, indent=2)
-        check(first <= TP_FIRST_STEP_TOLERANCE, f"{workload}: TP2's step 0 loss matches one GPU's ({first:.2e})",
-              failures)
-        check(worst <= LOSS_TOLERANCE, f"{workload}: TP2's 20 losses within {LOSS_TOLERANCE} of one GPU's "
-              f"({worst:.2e})", failures)
+    against_one_gpu(workload, "TP2", runs,
+                    [binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps",
+                     str(STEPS)],
+                    "the whole model on one GPU", TP_FIRST_STEP_TOLERANCE, tmp, failures)
 
 
 def main():
