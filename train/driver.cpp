@@ -450,6 +450,12 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   rep.peak_bytes = static_cast<int64_t>(bench::device_used_bytes()) -
                    static_cast<int64_t>(trainer.used_before_arena());
   rep.arena_bytes = static_cast<int64_t>(trainer.arena().size_bytes());
+  // cudaMemGetInfo sees the whole GPU: another process that allocated or freed memory during the
+  // run moves the figure, and a peak below the arena can only mean that.
+  if (rep.peak_bytes < rep.arena_bytes)
+    std::fprintf(out,
+                 "# memory: warning: the GPU's memory use fell during the run (another process "
+                 "freed memory); peak_bytes and graph_extra_bytes are not this run's\n");
   rep.tool = info.tool;
   rep.version = version();
   rep.workload = info.name;

@@ -134,6 +134,7 @@ struct WorkloadReport {
   std::string flops_formula;
   double peak_tflops = 0;  // 0: not measured (null in the JSON)
   int64_t peak_bytes = 0;  // device memory used at the end of the run minus before the arena
+                           // (GPU-wide: other processes on the GPU distort it)
   int64_t arena_bytes = 0;
   int graph_count = 0;
   int64_t graph_nodes = 0;
