@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# sanitize.sh: compute-sanitizer's four tools on the tiny preset of every workload in every graph
+# mode, restricted to replay's own kernels, with one log per run and a summary (issue 31).
+#
+#   scripts/sanitize.sh [--out DIR] [--bin DIR] [--tools "memcheck initcheck synccheck racecheck"]
+#                       [--workloads "gpt3 llama31 moe unet rnnt"] [--modes "none layer full"]
+#                       [--steps N] [--warmup N] [--jobs N] [--timeout S] [--deadline S]
+#                       [--scope replay|all] [--sanitizer PATH]
+#
+# Each run is `compute-sanitizer --tool T [--leak-check full] --kernel-name regex:6replay
+# replay-W --preset tiny --graphs M --steps 2 --warmup 1 --seed 1 --skip-peak`: memcheck checks leaks
+# too; the filter makes the tool check only kernels whose mangled name holds "6replay" (namespace
+# replay: every kernel of replay's own, templates instantiated with replay's types included), so
+# cuBLASLt, cuDNN, CUB and NCCL kernels run unchecked (--scope all checks every kernel, and the
+# summary then lists library findings by kernel). --skip-peak leaves out the start-up bf16 GEMM peak
+# measurement (cuBLASLt, 8192^3), which under racecheck alone took minutes. API errors and leaks are
+# reported whatever the filter, and given to replay or a library by their saved host backtrace.
+#
+# Writes DIR/<tool>_<workload>_<mode>.log (compute-sanitizer's report and the program's output) and
+# .meta (exit code, seconds), DIR/not_run.txt (runs --deadline left out), and DIR/summary.json and
+# summary.md (scripts/sanitize_summary.py). Exit 1 when any finding is in replay's own code, 2 when
+# a run did not complete or was not run, 0 when every run completed clean.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=""
+bin=build/release/bin
+tools="memcheck initcheck synccheck racecheck"
+workloads="gpt3 llama31 moe unet rnnt"
+modes="none layer full"
+steps=2
+warmup=1
+jobs=8
+timeout_s=600
+deadline=0
+scope=replay
+sanitizer=""
+
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --bin) bin=$2; shift 2 ;;
+    --tools) tools=$2; shift 2 ;;
+    --workloads) workloads=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
+    --scope) scope=$2; shift 2 ;;
+    --sanitizer) sanitizer=$2; shift 2 ;;
+    --one) shift; break ;;  # internal: one run (xargs calls the script back)
+    -h|--help) usage; exit 0 ;;
+    *) echo "sanitize.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
+  esac
+done
+
+# One run: --one TOOL WORKLOAD MODE, with the settings in the environment.
+if [ "${SANITIZE_ONE:-}" = 1 ]; then
+  tool=$1 wl=$2 mode=$3
+  base="$SANITIZE_OUT/${tool}_${wl}_${mode}"
+  if [ "$SANITIZE_END" -gt 0 ] && [ "$(date +%s)" -ge "$SANITIZE_END" ]; then
+    echo "$tool $wl $mode (the deadline passed before it started)" >> "$SANITIZE_OUT/not_run.txt"
+    exit 0
+  fi
+  args=(--tool "$tool" --print-limit 1000)
+  [ "$tool" = memcheck ] && args+=(--leak-check full)
+  [ "$SANITIZE_SCOPE" = replay ] && args+=(--kernel-name regex:6replay)
+  limit=$SANITIZE_TIMEOUT
+  if [ "$SANITIZE_END" -gt 0 ]; then
+    left=$(( SANITIZE_END - $(date +%s) ))
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  t0=$(date +%s%N)
+  {
+    echo "# $SANITIZE_TOOL ${args[*]} $SANITIZE_BIN/replay-$wl --preset tiny --graphs $mode" \
+         "--steps $SANITIZE_STEPS --warmup $SANITIZE_WARMUP --seed 1 --skip-peak"
+    timeout -k 10 "$limit" "$SANITIZE_TOOL" "${args[@]}" "$SANITIZE_BIN/replay-$wl" --preset tiny \
+      --graphs "$mode" --steps "$SANITIZE_STEPS" --warmup "$SANITIZE_WARMUP" --seed 1 --skip-peak \
+      --log-interval 1 2>&1
+  } > "$base.log"
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
+  printf 'tool=%s\nworkload=%s\nmode=%s\nrc=%s\nseconds=%s\n' "$tool" "$wl" "$mode" "$rc" "$secs" \
+    > "$base.meta"
+  echo "sanitize.sh: $tool $wl $mode rc=$rc ${secs%.*}s"
+  exit 0
+fi
+
+case "$scope" in replay|all) ;; *) echo "sanitize.sh: --scope is replay or all" >&2; exit 2 ;; esac
+for t in $tools; do
+  case "$t" in memcheck|initcheck|synccheck|racecheck) ;;
+    *) echo "sanitize.sh: unknown tool '$t'" >&2; exit 2 ;; esac
+done
+for m in $modes; do
+  case "$m" in none|layer|full) ;; *) echo "sanitize.sh: unknown mode '$m'" >&2; exit 2 ;; esac
+done
+if [ -z "$sanitizer" ]; then
+  sanitizer=$(command -v compute-sanitizer || true)
+  [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] &&
+    sanitizer=/usr/local/cuda/bin/compute-sanitizer
+fi
+[ -n "$sanitizer" ] && [ -x "$sanitizer" ] ||
+  { echo "sanitize.sh: compute-sanitizer not found (give --sanitizer PATH)" >&2; exit 2; }
+for w in $workloads; do
+  [ -x "$bin/replay-$w" ] || { echo "sanitize.sh: $bin/replay-$w not found (build it, or --bin)" >&2; exit 2; }
+done
+[ -n "$out" ] || out=reports/sanitize-$(date -u +%Y-%m-%d)
+mkdir -p "$out"
+rm -f "$out"/*.log "$out"/*.meta "$out/not_run.txt"
+out=$(cd "$out" && pwd)
+
+export SANITIZE_ONE=1 SANITIZE_OUT=$out SANITIZE_BIN=$(cd "$bin" && pwd) SANITIZE_TOOL=$sanitizer
+export SANITIZE_STEPS=$steps SANITIZE_WARMUP=$warmup SANITIZE_TIMEOUT=$timeout_s SANITIZE_SCOPE=$scope
+export SANITIZE_END=$(( deadline > 0 ? $(date +%s) + deadline : 0 ))
+# Generated data (each workload's default) in one place, made once before the parallel runs.
+export REPLAY_DATA_DIR=${REPLAY_DATA_DIR:-$out/data}
+mkdir -p "$REPLAY_DATA_DIR"
+"$sanitizer" --version | tail -n 1 > "$out/sanitizer_version.txt" 2>&1
+# Each binary once without the sanitizer (its exit code at the end of plain_<workload>.txt).
+for w in $workloads; do
+  ( "$bin/replay-$w" --preset tiny --graphs none --steps 1 --warmup 0 --seed 1 --skip-peak \
+      > "$out/plain_$w.txt" 2>&1; echo "# exit $?" >> "$out/plain_$w.txt" ) &
+done
+wait
+
+# Every tool x workload x mode, the tools in the order given (memcheck and initcheck first by default).
+for t in $tools; do for w in $workloads; do for m in $modes; do echo "$t $w $m"; done; done; done |
+  xargs -P "$jobs" -L 1 bash "$0" --one
+python3 scripts/sanitize_summary.py "$out"
