@@ -10,6 +10,8 @@ FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two sid
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
         [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
         [--microbatches 1] [--data tokens.h5] [--lr X] [--min-lr X] [--warmup-steps W] [--decay-steps T]
+    mpiexec -n 2 python3 scripts/pytorch_baseline.py tp --tp 2 --preset 175b-tp4 --layers 3 --graphs full
+        --json out.json    (scripts/pytorch_tp.py: the shard split over real processes, collectives run)
 
 Subcommands: `ops` times the shard GEMMs and attention and the GEMM and copy peaks; `gpt3` and `llama31`
 train the GPT-3 175B and Llama 3.1 405B shards that replay-gpt3 and replay-llama31 train (one GPU's slice
@@ -1618,10 +1620,18 @@ def build_parser():
     g.add_argument("--step", required=True, help="what `--load CHECKPOINT --steps 1 --dump-step FILE` wrote")
     g.add_argument("--json", default=None, help="write every tensor's errors here")
     g.set_defaults(func=cmd_gradcheck)
+    sub.add_parser("tp", add_help=False,
+                   help="train the GPT-3 shard with tensor parallelism over T processes (mpiexec -n T or "
+                        "torchrun), eager or one full-step graph: scripts/pytorch_tp.py, whose flags follow "
+                        "(tp --help)")
     return parser
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tp"]:  # its own flags: scripts/pytorch_tp.py
+        from pytorch_tp import main as tp_main
+        return tp_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
