@@ -180,10 +180,6 @@ def build_tp_model(cfg, layers, group, rank):
 
     h, heads, hd, ffn = cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["ffn"]
 
-    def replicated(p):
-        p.tp_replicated = True
-        return p
-
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -195,8 +191,6 @@ def build_tp_model(cfg, layers, group, rank):
             self.fc1 = nn.Linear(h, ffn)  # column-parallel: this rank's FFN columns
             self.fc2 = nn.Linear(ffn, h, bias=False)  # row-parallel
             self.fc2_bias = nn.Parameter(torch.zeros(h))
-            for p in (*self.ln1.parameters(), *self.ln2.parameters(), self.proj_bias, self.fc2_bias):
-                replicated(p)
 
         def forward(self, x):
             B, T, _ = x.shape
@@ -218,9 +212,6 @@ def build_tp_model(cfg, layers, group, rank):
             self.wpe = nn.Embedding(cfg["seq"], h)
             self.blocks = nn.ModuleList(Block() for _ in range(layers))
             self.ln_f = nn.LayerNorm(h)
-            replicated(self.wpe.weight)
-            for p in self.ln_f.parameters():
-                replicated(p)
             for module in self.modules():
                 if isinstance(module, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -248,6 +239,12 @@ def build_tp_model(cfg, layers, group, rank):
         return GPT3TP().to(torch.bfloat16)
 
 
+def is_replicated(name):
+    """The parameters every tensor-parallel rank holds whole (Megatron's, and replay's): the LayerNorms, the
+    row-parallel layers' biases and the position table."""
+    return any(part in name for part in ("ln1.", "ln2.", "ln_f.", "proj_bias", "fc2_bias", "wpe."))
+
+
 def make_trainer(model, opt, group, rank):
     """pytorch_gpt3.MixedPrecisionTrainer with the tensor-parallel gradient norm: each rank's sum of
     squares over its shards and (rank 0 only) the replicated parameters, all-reduced, as one clip."""
@@ -258,7 +255,7 @@ def make_trainer(model, opt, group, rank):
     class TPTrainer(MixedPrecisionTrainer):
         def __init__(self, model, opt):
             super().__init__(model, opt)
-            self.replicated = [getattr(p, "tp_replicated", False) for p in self.params]
+            self.replicated = [is_replicated(name) for name, _ in model.named_parameters()]
             self.counted = torch.tensor([1.0 if (not rep or rank == 0) else 0.0 for rep in self.replicated],
                                         dtype=torch.float32, device="cuda")
 
@@ -329,7 +326,9 @@ def run(args, cfg, layers, rank, size, local_rank):
     dist.init_process_group("nccl", rank=rank, world_size=size, device_id=torch.device("cuda", local_rank))
     group = dist.group.WORLD
     lead = rank == 0
-    torch.manual_seed(args.seed + rank)
+    # The same seed on every rank: the replicated parameters (the position table) start equal, so the
+    # replicated activations and the loss are the same on every rank (checked below).
+    torch.manual_seed(args.seed)
     env, settings = pb.environment(), pb.torch_settings()
     env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
     env["world_size"] = str(size)
@@ -395,6 +394,8 @@ def run(args, cfg, layers, rank, size, local_rank):
     step_ms = [start.elapsed_time(end) for start, end in events]
     every = [None] * size
     dist.all_gather_object(every, step_ms, group=group)
+    rank_losses = [None] * size
+    dist.all_gather_object(rank_losses, losses.tolist(), group=group)
     medians = [pb.percentile(s, 50) for s in every]
     slowest = max(range(size), key=lambda r: medians[r])
     peak_bytes = torch.cuda.max_memory_allocated()
@@ -404,7 +405,7 @@ def run(args, cfg, layers, rank, size, local_rank):
     if lead:
         measured = {"version": torch.__version__, "environment": env, "settings": settings,
                     "attention_backend": pb.model_backend(cfg), "memory": memory, "graphs_info": info,
-                    "losses": losses.tolist(), "weights_hash": pb.weights_hash(trainer.params),
+                    "losses": losses.tolist(), "weights_hash": None,  # seconds of hashing: not needed here
                     "loss_floor": math.log(cfg["data_vocab"])}
         run_info = {"preset": cfg["preset"], "graphs": args.graphs, "seed": args.seed, "steps": args.steps,
                     "warmup": args.warmup, "data": "random"}
@@ -412,6 +413,7 @@ def run(args, cfg, layers, rank, size, local_rank):
         big, small = tp_collectives_per_step(layers)
         doc["tensor_parallel_collectives"] = f"run (tp {size}, NCCL through torch.distributed)"
         doc["step_ms_rank"] = slowest
+        doc["losses_identical_across_ranks"] = all(r == rank_losses[0] for r in rank_losses)
         doc["parallel"] = {"world_size": size, "tensor_parallel": size, "data_parallel": 1,
                            "rank_step_ms": medians, "slowest_rank": slowest,
                            "collectives_per_step": big + small,
@@ -422,7 +424,8 @@ def run(args, cfg, layers, rank, size, local_rank):
                     + f"), p10 {s['p10']:.3f}, p90 {s['p90']:.3f}; host enqueue "
                     f"{doc['host_enqueue_us']['median']:.0f} us; {doc['model_tflops']:.1f} TFLOP/s a GPU, "
                     f"MFU {doc['mfu']:.3f}; peak memory {peak_bytes / 2**30:.2f} GiB; loss "
-                    f"{doc['losses'][0]:.4f} -> {doc['losses'][-1]:.4f}")
+                    f"{doc['losses'][0]:.4f} -> {doc['losses'][-1]:.4f} (ln V {math.log(cfg['data_vocab']):.4f}), "
+                    f"the same on every rank: {doc['losses_identical_across_ranks']}")
         pb.write_json(args.json, doc)
         pb.progress(f"wrote {args.json}")
     dist.barrier(group=group)
