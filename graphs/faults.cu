@@ -36,6 +36,12 @@ __global__ void fault_count_kernel(float* probe) {
   if (threadIdx.x < kProbe) probe[threadIdx.x] += 1.0f;
 }
 
+// grads[0..count) = +Inf in the step whose iteration is `at`.
+__global__ void fault_overflow_kernel(float* grads, int64_t count, const int64_t* iteration,
+                                      int64_t at) {
+  if (*iteration == at && threadIdx.x < count) grads[threadIdx.x] = __int_as_float(0x7f800000);
+}
+
 }  // namespace
 
 const std::vector<FaultInfo>& fault_catalogue() {
@@ -63,6 +69,9 @@ const std::vector<FaultInfo>& fault_catalogue() {
       {Fault::kRankStall, "rank-stall",
        "multi-GPU (2+ processes): rank 1 stops enqueuing before step 2, as a hung host thread "
        "would; the other ranks' watchdog gives up after --comm-timeout-s and names the wait"},
+      {Fault::kOverflow, "overflow",
+       "step 2's gradients made infinite (an fp16 overflow): the found-inf check skips exactly "
+       "that update, the weights stay, the loss scale backs off (needs --steps 3 or more)"},
   };
   return faults;
 }
@@ -109,7 +118,8 @@ FaultInjector::~FaultInjector() {
 }
 
 void FaultInjector::add_args(RegionArgs& args) {
-  if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch || fault_ == Fault::kRankStall)
+  if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch ||
+      fault_ == Fault::kRankStall || fault_ == Fault::kOverflow)
     return;
   args.write("fault.probe", TensorView(buffers_, DType::kFP32, {kProbe}));
   if (fault_ == Fault::kStaleInput) {
@@ -127,6 +137,7 @@ void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
     case Fault::kNone:
     case Fault::kCollectiveMismatch:  // planted by the trainer's optimizer, among its collectives
     case Fault::kRankStall:           // planted by the trainer's step loop
+    case Fault::kOverflow:            // planted by the trainer's optimizer (plant_overflow)
       return;
     case Fault::kHostSync:
       // Harmless eagerly (a stall); forbidden while capturing.
@@ -170,6 +181,16 @@ void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
       REPLAY_LAUNCH_CHECK();
       return;
   }
+}
+
+void FaultInjector::plant_overflow(float* grads, int64_t count, const int64_t* iteration,
+                                   cudaStream_t stream) const {
+  if (fault_ != Fault::kOverflow) return;
+  REPLAY_REQUIRE(grads != nullptr && count > 0 && iteration != nullptr,
+                 "--inject overflow: no gradients to plant in");
+  fault_overflow_kernel<<<1, 32, 0, stream>>>(grads, count < kProbe ? count : kProbe, iteration,
+                                              kOverflowStep);
+  REPLAY_LAUNCH_CHECK();
 }
 
 }  // namespace replay::graphs

@@ -26,7 +26,12 @@ enum class Fault {
   kLegacyStream,        // a kernel launched on the legacy default stream (C7, N11)
   kCollectiveMismatch,  // data parallel: rank 1 captures one extra all-reduce (train/trainer.cpp)
   kRankStall,           // multi-GPU: rank 1 stops enqueuing before step 2 (train/trainer.cpp)
+  kOverflow,            // step kOverflowStep's gradients made infinite (train/trainer.cpp)
 };
+
+// --inject overflow: the step (0-based, counted from the first timed step) whose gradients are made
+// infinite, as an fp16 overflow would make them.
+constexpr int64_t kOverflowStep = 2;
 
 // One entry of the catalogue.
 struct FaultInfo {
@@ -61,6 +66,11 @@ class FaultInjector {
   // Enqueues the planted operation at the end of the region's work on `stream`; `args` are the
   // region's arguments of this run (those add_args contributed among them).
   void enqueue(cudaStream_t stream, const RegionArgs& args);
+  // --inject overflow (nothing for the other faults): a one-block kernel that sets the first four
+  // gradients to +Inf when *iteration == kOverflowStep. The trainer calls it before the gradient
+  // norm, whose found-inf check must then skip the update and back the loss scale off.
+  void plant_overflow(float* grads, int64_t count, const int64_t* iteration,
+                      cudaStream_t stream) const;
 
  private:
   Fault fault_;

@@ -187,6 +187,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     throw bench::UsageError(
         "--inject rank-stall: needs 2 or more processes (mpiexec -n 2 ...): one process has no "
         "other rank to wait for it");
+  if (f.inject == "overflow" && f.steps > 0 && f.steps <= graphs::kOverflowStep)
+    throw bench::UsageError("--inject overflow: plants its Inf in step " +
+                            std::to_string(graphs::kOverflowStep) + " (0-based); give --steps " +
+                            std::to_string(graphs::kOverflowStep + 1) + " or more");
   if (tp > 1 && (!f.save.empty() || !f.load.empty()))
     throw bench::UsageError(
         "--save/--load: checkpoints of tensor-parallel runs are not written "

@@ -73,6 +73,7 @@ void Trainer::allocate() {
   rng_->initialize(s);
   if (options_.fault != graphs::Fault::kNone)
     injector_ = std::make_unique<graphs::FaultInjector>(options_.fault, options_.seed);
+  if (training_.skip_with_if) conditionals_ = std::make_unique<graphs::Conditionals>();
   std::vector<graphs::ReadbackField> fields{
       {"loss", &scalars_->loss, graphs::ScalarType::kF32},
       {"lr", &scalars_->lr, graphs::ScalarType::kF32},
@@ -132,7 +133,9 @@ void Trainer::build_step_plan() {
         planted = i;
         break;
       }
-    fault_region_ = options_.fault == graphs::Fault::kCollectiveMismatch ? std::string("optimizer")
+    fault_region_ = options_.fault == graphs::Fault::kCollectiveMismatch ||
+                            options_.fault == graphs::Fault::kOverflow
+                        ? std::string("optimizer")
                     : options_.fault == graphs::Fault::kRankStall
                         ? std::string("the step loop of rank 1, before step 2")
                         : regions[planted].name;
@@ -178,6 +181,10 @@ void Trainer::optimizer_step(cudaStream_t s) const {
   comm::Communicator* dp = options_.data_parallel;
   comm::Communicator* tp = options_.tensor_parallel;
   begin_step(scalars_, s);
+  if (injector_) {  // --inject overflow: Inf gradients in one step, before the norm finds them
+    const TensorView g = params.grads();
+    injector_->plant_overflow(g.as<float>(DType::kFP32), g.numel(), &scalars_->iteration, s);
+  }
   if (dp == nullptr && tp == nullptr) {
     clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
                    params.grad_norm_workspace_bytes(), s);
@@ -208,12 +215,19 @@ void Trainer::optimizer_step(cudaStream_t s) const {
     }
   }
   prepare_optimizer(t.schedule, scalars_, s);
-  if (t.optimizer == TrainingConfig::Optimizer::kLamb) {
-    lamb_step(params.adamw_table(), t.lamb, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
-              &scalars_->noop, lamb_ws_, arena_->bytes(lamb_ws_id_), s);
+  const auto update = [&](cudaStream_t u) {
+    if (t.optimizer == TrainingConfig::Optimizer::kLamb) {
+      lamb_step(params.adamw_table(), t.lamb, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
+                &scalars_->noop, lamb_ws_, arena_->bytes(lamb_ws_id_), u);
+    } else {
+      adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step,
+                 &scalars_->grad_scale, &scalars_->noop, u);
+    }
+  };
+  if (conditionals_) {  // the update as an IF node's body, run only when noop == 0
+    conditionals_->if_equal(s, "optimizer.update", &scalars_->noop, 0, update);
   } else {
-    adamw_step(params.adamw_table(), t.adam, &scalars_->lr, &scalars_->step, &scalars_->grad_scale,
-               &scalars_->noop, s);
+    update(s);
   }
   if (dp != nullptr) {  // every rank's updated share, to every rank
     const TensorView w = params.weights();
@@ -231,8 +245,11 @@ void Trainer::optimizer_step(cudaStream_t s) const {
 graphs::RegionArgs Trainer::optimizer_args() const {
   const ParamStore& params = model_.params();
   graphs::RegionArgs a;
-  a.read("grads", params.grads())
-      .read_write("params.weights", params.weights())
+  if (options_.fault == graphs::Fault::kOverflow)  // the planted Inf writes the first gradients
+    a.read_write("grads", params.grads());
+  else
+    a.read("grads", params.grads());
+  a.read_write("params.weights", params.weights())
       .read_write("params.master", params.masters())
       .read_write("adam.exp_avg", params.exp_avg())
       .read_write("adam.exp_avg_sq", params.exp_avg_sq())

@@ -29,6 +29,7 @@
 #include "common/bench/peaks.h"
 #include "common/comm.h"
 #include "common/context.h"
+#include "graphs/conditional.h"
 #include "graphs/faults.h"
 #include "graphs/readback.h"
 #include "graphs/rng.h"
@@ -147,7 +148,8 @@ class Trainer {
   std::string fault_region_;
   std::unique_ptr<graphs::RngTracker> rng_;
   std::unique_ptr<graphs::ReadbackRing> readback_;
-  std::unique_ptr<graphs::FaultInjector> injector_;  // --inject only
+  std::unique_ptr<graphs::FaultInjector> injector_;     // --inject only
+  std::unique_ptr<graphs::Conditionals> conditionals_;  // TrainingConfig::skip_with_if only
   std::unique_ptr<graphs::StepPlan> step_plan_;
   std::unique_ptr<graphs::StepPlan> eval_plan_;
 };

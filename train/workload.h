@@ -63,6 +63,10 @@ struct TrainingConfig {
   enum class Optimizer { kAdamW, kLamb };
   Optimizer optimizer = Optimizer::kAdamW;
   LambHyper lamb;
+  // How an overflow step skips the update: false, the no-op flag the optimizer kernels read (they
+  // launch and return at once); true, an IF conditional node around them (graphs/conditional.h)
+  // that runs them only when the no-op flag is 0. The same kernels and bytes either way.
+  bool skip_with_if = false;
 };
 
 // Who the workload is: names in output, JSON and mllog.

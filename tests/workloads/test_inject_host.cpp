@@ -20,7 +20,7 @@ std::optional<train::RunFlags> parse(const std::vector<std::string>& args) {
 }
 
 TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
-  ASSERT_EQ(graphs::fault_catalogue().size(), 9u);
+  ASSERT_EQ(graphs::fault_catalogue().size(), 10u);
   for (const graphs::FaultInfo& f : graphs::fault_catalogue()) {
     const auto flags = parse({"--inject", f.name});
     ASSERT_TRUE(flags.has_value());
@@ -54,6 +54,13 @@ TEST(InjectFlag, RankStallNeedsTwoProcesses) {
       test::shell(std::string("'") + REPLAY_GPT3_BINARY + "' --preset tiny --inject rank-stall");
   EXPECT_EQ(o.status, 2) << o.output;
   EXPECT_TRUE(has(o.output, "--inject rank-stall: needs 2 or more processes")) << o.output;
+}
+
+TEST(InjectFlag, OverflowNeedsThreeSteps) {
+  const test::Outcome o = test::shell(std::string("'") + REPLAY_GPT3_BINARY +
+                                      "' --preset tiny --steps 2 --inject overflow");
+  EXPECT_EQ(o.status, 2) << o.output;
+  EXPECT_TRUE(has(o.output, "--inject overflow: plants its Inf in step 2")) << o.output;
 }
 
 TEST(InjectFlag, TheBinaryExitsTwoBeforeAnyGpuWork) {
