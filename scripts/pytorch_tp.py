@@ -48,6 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_baseline as pb  # noqa: E402  (no torch at import)
 
 DEFAULT_PORT = 29533
+# The variables by which a launcher tells a process its place (common/comm.cpp launched_by_mpi).
+LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "OPAL_")
 
 
 def world_from_env(environ=None):
@@ -101,14 +103,19 @@ def shard_config_tp(args):
         if args.layers is not None:
             flags += ["--layers", str(args.layers)]
         command = "replay-gpt3 " + " ".join(flags) + " --print-config"
-        p = subprocess.run([path, *flags, "--print-config"], capture_output=True, text=True, timeout=120)
+        # Without the launcher's variables: under mpiexec the binary would take itself for this rank of
+        # the launch, and only rank 0 prints its configuration.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+        p = subprocess.run([path, *flags, "--print-config"], capture_output=True, text=True, timeout=120,
+                           env=env)
         if p.returncode != 0:
             why = "; ".join(line.strip() for line in p.stderr.splitlines()[-3:] if line.strip())
             raise pb.BaselineError(f"`{command}` failed with exit status {p.returncode}: {why or 'no message'}")
         try:
             doc = json.loads(p.stdout)
         except ValueError as e:
-            raise pb.BaselineError(f"`{command}` printed no JSON ({e})") from None
+            raise pb.BaselineError(f"`{command}` printed no JSON ({e}): stdout {p.stdout[:200]!r}, stderr "
+                                   f"{p.stderr[-200:]!r}") from None
         cfg = pb.shard_config(doc, "gpt3", f"`{command}`")
     if cfg["tp"] != args.tp:
         raise pb.BaselineError(f"--tp {args.tp}: the configuration's shard is cut for tp {cfg['tp']}")

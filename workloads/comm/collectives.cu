@@ -79,7 +79,8 @@ uint64_t recv_elements(comm::Kind k, uint64_t count, int ranks) {
 CallBuffers call_buffers(comm::Kind k, void* send_buffer, void* recv_buffer, uint64_t count,
                          DType t, int rank, bool in_place) {
   if (!in_place) return {send_buffer, recv_buffer};
-  const uint64_t slice = count * static_cast<uint64_t>(dtype_bytes(t)) * static_cast<uint64_t>(rank);
+  const uint64_t slice =
+      count * static_cast<uint64_t>(dtype_bytes(t)) * static_cast<uint64_t>(rank);
   switch (k) {
     case comm::Kind::kAllReduce:
       return {recv_buffer, recv_buffer};

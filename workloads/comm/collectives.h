@@ -1,7 +1,8 @@
 // collectives.h: the device side of replay-comm-probe: where a collective's send and receive
 // buffers sit (out of place, or in place as replay's step runs them), the call itself through the
-// project's Communicator, and the correctness pass (nccl-tests' -c): a known pattern in every rank's
-// send buffer and a kernel that counts the received elements that differ from the exact result.
+// project's Communicator, and the correctness pass (nccl-tests' -c): a known pattern in every
+// rank's send buffer and a kernel that counts the received elements that differ from the exact
+// result.
 //
 // The pattern: rank r's element i is (13 i + 7 r) mod 8, small integers whose sums over up to 36
 // ranks are exact in bf16, so a correct reduction matches to the bit in either type.

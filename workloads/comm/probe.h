@@ -3,8 +3,9 @@
 // bandwidth formulas. No CUDA here: tests/workloads/comm checks it on the CPU.
 //
 // Sizes are counted as nccl-tests counts them (common/comm.h collective_bytes): the buffer reduced
-// (all-reduce), or the whole buffer gathered or scattered over the ranks (all-gather, reduce-scatter),
-// so that an all-gather of S bytes receives S bytes on every rank from S/n bytes sent by each.
+// (all-reduce), or the whole buffer gathered or scattered over the ranks (all-gather,
+// reduce-scatter), so that an all-gather of S bytes receives S bytes on every rank from S/n bytes
+// sent by each.
 //
 // Bandwidths (nccl-tests, doc/PERFORMANCE.md): the algorithm bandwidth is bytes / time; the bus
 // bandwidth, comparable across rank counts and with the links' speed, is the algorithm bandwidth

@@ -2,7 +2,8 @@
 // the GPUs of a launch, measured as nccl-tests measures it, through the project's Communicator
 // (common/comm.h): one process per GPU under mpiexec or srun, MPI only to bootstrap.
 //
-//   mpiexec -n 2 replay-comm-probe [--sizes 8K:1G] [--collectives all_reduce,reduce_scatter,all_gather]
+//   mpiexec -n 2 replay-comm-probe [--sizes 8K:1G] [--collectives
+//   all_reduce,reduce_scatter,all_gather]
 //       [--dtypes bf16,fp32] [--warmup 5] [--iters 20] [--graph] [--in-place] [--json FILE]
 //
 // Each point (collective, type, size): a correctness pass (every rank's send buffer holds a known
@@ -193,16 +194,18 @@ bool g_finished = false;  // run() reached its end on this rank (every rank agre
 
 int run(const comm::World& w, int argc, char** argv) {
   CLI::App app{
-      "replay-comm-probe: NCCL all-reduce, reduce-scatter and all-gather bandwidth between the GPUs "
+      "replay-comm-probe: NCCL all-reduce, reduce-scatter and all-gather bandwidth between the "
+      "GPUs "
       "of an mpiexec or srun launch (one process per GPU), measured as nccl-tests measures it"};
   std::string sizes_text = "8K:1G", kinds_text = "all_reduce,reduce_scatter,all_gather",
               dtypes_text = "bf16,fp32";
   Options o;
   constexpr int kMaxInt = std::numeric_limits<int>::max();
-  app.add_option("--sizes", sizes_text,
-                 "message sizes as nccl-tests counts them (the buffer reduced; the whole buffer "
-                 "gathered or scattered): a comma list of sizes in bytes with an optional K, M or G "
-                 "(binary), and ranges A:B (doubling) or A:B:F (factor F)")
+  app.add_option(
+         "--sizes", sizes_text,
+         "message sizes as nccl-tests counts them (the buffer reduced; the whole buffer "
+         "gathered or scattered): a comma list of sizes in bytes with an optional K, M or G "
+         "(binary), and ranges A:B (doubling) or A:B:F (factor F)")
       ->capture_default_str();
   app.add_option("--collectives", kinds_text, "which collectives, a comma list")
       ->capture_default_str();
@@ -266,8 +269,9 @@ int run(const comm::World& w, int argc, char** argv) {
                 o.in_place ? "in place" : "out of place", o.warmup, o.iters,
                 o.graph ? ", eager and one graph of them" : ", eager",
                 o.check ? "every result checked" : "results not checked");
-    std::printf("# time: the slowest rank's, a call; busbw = algbw x 2(n-1)/n (all-reduce), "
-                "x (n-1)/n (reduce-scatter, all-gather)\n");
+    std::printf(
+        "# time: the slowest rank's, a call; busbw = algbw x 2(n-1)/n (all-reduce), "
+        "x (n-1)/n (reduce-scatter, all-gather)\n");
     std::printf("%-15s %-5s %-6s %10s %12s %11s %11s %11s %11s %7s\n", "collective", "type", "mode",
                 "size", "bytes", "count", "time_us", "algbw_GB/s", "busbw_GB/s", "wrong");
     std::fflush(stdout);
@@ -293,8 +297,8 @@ int run(const comm::World& w, int argc, char** argv) {
         std::vector<std::pair<std::string, probe::CallBuffers>> modes = {{"eager", b}};
         if (o.graph) modes.push_back({"graph", b});
         for (const auto& [mode, buffers] : modes) {
-          const Series s = mode == "eager" ? p.eager(k, buffers, m.count, t)
-                                           : p.graphed(k, buffers, m.count, t);
+          const Series s =
+              mode == "eager" ? p.eager(k, buffers, m.count, t) : p.graphed(k, buffers, m.count, t);
           // In place, every call changes its own input; out of place, the last call's result
           // must still be exact.
           const uint64_t wrong_after =
@@ -361,7 +365,8 @@ int run(const comm::World& w, int argc, char** argv) {
     std::printf(total_wrong == 0 ? "# every result was exact\n"
                                  : "# WRONG RESULTS: %llu element(s) differed from the exact sums "
                                    "(first on this rank at element %lld)\n",
-                static_cast<unsigned long long>(total_wrong), static_cast<long long>(p.first_wrong()));
+                static_cast<unsigned long long>(total_wrong),
+                static_cast<long long>(p.first_wrong()));
   g_finished = true;
   return total_wrong == 0 ? 0 : 1;
 }

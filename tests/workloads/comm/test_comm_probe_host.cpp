@@ -48,8 +48,7 @@ TEST(CommProbeSizes, ListsAndRanges) {
   EXPECT_EQ(parse_sizes("1K:8K"), (std::vector<uint64_t>{1024, 2048, 4096, 8192}));
   EXPECT_EQ(parse_sizes("1K:64K:4"), (std::vector<uint64_t>{1024, 4096, 16384, 65536}));
   EXPECT_EQ(parse_sizes("1K:10K:4"), (std::vector<uint64_t>{1024, 4096}));  // stops below the end
-  EXPECT_EQ(parse_sizes("8K,16K:32K,48M"),
-            (std::vector<uint64_t>{8192, 16384, 32768, 48u << 20}));
+  EXPECT_EQ(parse_sizes("8K,16K:32K,48M"), (std::vector<uint64_t>{8192, 16384, 32768, 48u << 20}));
   EXPECT_EQ(parse_sizes("5:5"), (std::vector<uint64_t>{5}));
 }
 

@@ -53,6 +53,9 @@ uint64_t host_wrong(const replay::probe::CallBuffers& b, Kind k, uint64_t count,
                     int ranks, std::string* first) {
   const uint64_t n = replay::probe::recv_elements(k, count, ranks);
   std::vector<unsigned char> host(n * static_cast<uint64_t>(replay::probe::dtype_bytes(t)));
+  // The collective ran on the context's non-blocking stream, which a cudaMemcpy (the legacy default
+  // stream) does not wait for: wait for the whole device first.
+  REPLAY_CUDA_CHECK(cudaDeviceSynchronize());
   REPLAY_CUDA_CHECK(cudaMemcpy(host.data(), b.recv, host.size(), cudaMemcpyDeviceToHost));
   uint64_t wrong = 0;
   for (uint64_t j = 0; j < n; ++j) {
@@ -95,7 +98,8 @@ int main(int argc, char** argv) {
   const replay::comm::World& w = replay::comm::init_world(&argc, &argv);
   rank_ = w.rank;
   if (w.size < 2) {
-    std::printf("SKIPPED: run under mpiexec with 2 or more ranks (this is a world of %d)\n", w.size);
+    std::printf("SKIPPED: run under mpiexec with 2 or more ranks (this is a world of %d)\n",
+                w.size);
     return 77;
   }
   const int gpus = replay::Context::device_count();
@@ -139,7 +143,8 @@ int main(int argc, char** argv) {
             replay::probe::enqueue(c, k, b, count, t, s);
             std::string first;
             const uint64_t hw = host_wrong(b, k, count, t, r, n, &first);
-            expect(hw == 0, what + ": " + std::to_string(hw) + " wrong on the host, first " + first);
+            expect(hw == 0,
+                   what + ": " + std::to_string(hw) + " wrong on the host, first " + first);
             const uint64_t dw = device_wrong(b, k, count, t, r, n, counter, s);
             expect(dw == 0, what + ": the device check counted " + std::to_string(dw) + " wrong");
             ++cases;
@@ -178,9 +183,10 @@ int main(int argc, char** argv) {
     const float planted = 12345.0f;
     REPLAY_CUDA_CHECK(cudaMemcpy(static_cast<float*>(recv) + 417 + r, &planted, sizeof(float),
                                  cudaMemcpyHostToDevice));
+    REPLAY_CUDA_CHECK(cudaDeviceSynchronize());  // the copy done before the check's stream reads it
     unsigned long long first_index = 0;
-    const uint64_t dw = device_wrong(b, Kind::kAllReduce, 1000, DType::kFP32, r, n, counter, s,
-                                     &first_index);
+    const uint64_t dw =
+        device_wrong(b, Kind::kAllReduce, 1000, DType::kFP32, r, n, counter, s, &first_index);
     expect(dw == 1 && first_index == 417u + static_cast<unsigned>(r),
            "the planted error: the device check counted " + std::to_string(dw) + " at " +
                std::to_string(first_index) + " (expected 1 at " + std::to_string(417 + r) + ")");
