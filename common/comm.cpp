@@ -224,6 +224,15 @@ void Communicator::all_gather(const void* send, void* recv, size_t count, ncclDa
   REPLAY_NCCL_CHECK(ncclAllGather(send, recv, count, dtype, comm_, stream));
 }
 
+void Communicator::all_reduce_group(const std::vector<std::pair<void*, size_t>>& buffers,
+                                    ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream) {
+  for (const auto& [ptr, count] : buffers) record(Kind::kAllReduce, count, dtype, op, stream);
+  REPLAY_NCCL_CHECK(ncclGroupStart());
+  for (const auto& [ptr, count] : buffers)
+    REPLAY_NCCL_CHECK(ncclAllReduce(ptr, ptr, count, dtype, op, comm_, stream));
+  REPLAY_NCCL_CHECK(ncclGroupEnd());
+}
+
 std::string Communicator::async_error() const {
   if (comm_ == nullptr || aborted_) return "";
   ncclResult_t r = ncclSuccess;

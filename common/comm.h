@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace replay::comm {
@@ -107,6 +108,10 @@ class Communicator {
                       ncclRedOp_t op, cudaStream_t stream);
   void all_gather(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                   cudaStream_t stream);
+  // In-place all-reduces of several buffers (pointer, count) of one dtype as one NCCL group: small
+  // tensors that would each pay a collective's latency go out as one launch.
+  void all_reduce_group(const std::vector<std::pair<void*, size_t>>& buffers, ncclDataType_t dtype,
+                        ncclRedOp_t op, cudaStream_t stream);
 
   // Collectives enqueued outside a capture so far (the trainer counts a warm-up step's: the
   // communication volume of a step, which graphs replay unchanged).

@@ -107,7 +107,7 @@ __device__ __forceinline__ void walk_run(int64_t q, int64_t Q, int64_t rows, Bat
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     dropout_residual_forward_kernel(bf16* out, const bf16* x, const bf16* __restrict__ bias,
                                     const bf16* residual, int64_t rows, int C, uint32_t threshold,
-                                    float scale, RngArgs rng) {
+                                    float scale, RngArgs rng, int64_t first_element) {
   allow_dependent_launch();
   wait_for_previous_grid();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -133,7 +133,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
     uint32_t keep[kRows];
 #pragma unroll
     for (int u = 0; u < kRows; ++u)
-      keep[u] = threshold != 0 ? philox.keep_bits((r0 + u * Q) * C + p * 8, threshold) : ~0u;
+      keep[u] = threshold != 0
+                    ? philox.keep_bits(first_element + (r0 + u * Q) * C + p * 8, threshold)
+                    : ~0u;
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
       PackBF16 o;
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 __global__ void __launch_bounds__(kBwdThreads, 1)
     dropout_residual_backward_kernel(bf16* dx, float* __restrict__ partials, const bf16* dout,
                                      int64_t rows, int C, uint32_t threshold, float scale,
-                                     RngArgs rng) {
+                                     RngArgs rng, int64_t first_element) {
   __shared__ float4 lane_sums[kBwdLanes - 1][kThreads][2];
   allow_dependent_launch();
   wait_for_previous_grid();
@@ -176,7 +178,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           uint32_t keep[kRows];
 #pragma unroll
           for (int u = 0; u < kRows; ++u)
-            keep[u] = threshold != 0 ? philox.keep_bits((r0 + u * Q) * C + p * 8, threshold) : ~0u;
+            keep[u] = threshold != 0
+                          ? philox.keep_bits(first_element + (r0 + u * Q) * C + p * 8, threshold)
+                          : ~0u;
 #pragma unroll
           for (int u = 0; u < kRows; ++u) {
             PackBF16 o;
@@ -213,7 +217,8 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-void check_args(int64_t rows, int C, float p, RngArgs rng) {
+void check_args(int64_t rows, int C, float p, RngArgs rng, int64_t mask_row) {
+  REPLAY_REQUIRE(mask_row >= 0, "dropout: the mask's first row must not be negative");
   REPLAY_REQUIRE(rows >= 1 && C >= 8 && C % 8 == 0,
                  "dropout needs rows >= 1 and C a positive multiple of 8");
   REPLAY_REQUIRE(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1)");
@@ -273,15 +278,16 @@ int64_t backward_max_groups(int64_t rows, int C) {
 }  // namespace
 
 void dropout_residual_forward(bf16* out, const bf16* x, const bf16* bias, const bf16* residual,
-                              int64_t rows, int C, float p, RngArgs rng, cudaStream_t stream) {
-  check_args(rows, C, p, rng);
+                              int64_t rows, int C, float p, RngArgs rng, cudaStream_t stream,
+                              int64_t mask_row) {
+  check_args(rows, C, p, rng, mask_row);
   REPLAY_REQUIRE(aligned16(out) && aligned16(x) && aligned16(bias) && aligned16(residual),
                  "dropout tensors must be 16-byte aligned");
   const Plan plan =
       plan_blocks(dropout_residual_forward_kernel, 1, C, ceil_div<int64_t>(rows, kFwdRowBatch));
   launch_dependent(dropout_residual_forward_kernel, dim3(plan.col_tiles, plan.groups), plan.threads,
                    stream, out, x, bias, residual, rows, C, dropout_threshold(p), 1.0f / (1.0f - p),
-                   rng);
+                   rng, mask_row * C);
   REPLAY_LAUNCH_CHECK();
 }
 
@@ -293,8 +299,8 @@ size_t dropout_residual_backward_workspace_bytes(int64_t rows, int C) {
 
 void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t rows, int C,
                                float p, RngArgs rng, bool accumulate_dbias, void* workspace,
-                               size_t workspace_bytes, cudaStream_t stream) {
-  check_args(rows, C, p, rng);
+                               size_t workspace_bytes, cudaStream_t stream, int64_t mask_row) {
+  check_args(rows, C, p, rng, mask_row);
   REPLAY_REQUIRE(aligned16(dx) && aligned16(dout) && aligned16(workspace),
                  "dropout tensors and workspace must be 16-byte aligned");
   const Plan plan =
@@ -309,7 +315,7 @@ void dropout_residual_backward(bf16* dx, float* dbias, const bf16* dout, int64_t
   }
   launch_dependent(dropout_residual_backward_kernel, dim3(plan.col_tiles, plan.groups),
                    dim3(plan.threads, plan.lanes), stream, dx, partials, dout, rows, C,
-                   dropout_threshold(p), 1.0f / (1.0f - p), rng);
+                   dropout_threshold(p), 1.0f / (1.0f - p), rng, mask_row * C);
   REPLAY_LAUNCH_CHECK();
   if (dbias) column_sums(1, dbias, nullptr, partials, plan.groups, C, accumulate_dbias, stream);
 }

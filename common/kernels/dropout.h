@@ -29,10 +29,12 @@ inline uint32_t dropout_threshold(float p) {
 
 // out = residual + dropout(x + bias). x, residual, out: [rows, C] bf16; bias: [C] bf16 or null;
 // residual may be null (plain dropout, with or without bias). out may alias x or residual.
-// C must be a multiple of 8 and every pointer 16-byte aligned.
+// C must be a multiple of 8 and every pointer 16-byte aligned. mask_row > 0 draws the mask of rows
+// mask_row .. mask_row + rows - 1 of a larger [*, C] tensor (its elements e counted from there):
+// a sequence-parallel rank's shard of the tokens gets the slice of the whole tensor's mask.
 void dropout_residual_forward(__nv_bfloat16* out, const __nv_bfloat16* x, const __nv_bfloat16* bias,
                               const __nv_bfloat16* residual, int64_t rows, int C, float p,
-                              RngArgs rng, cudaStream_t stream);
+                              RngArgs rng, cudaStream_t stream, int64_t mask_row = 0);
 
 // Workspace for the dbias partial sums (zero is fine when dbias is null); scratch, its contents
 // undefined after the call.
@@ -43,8 +45,10 @@ size_t dropout_residual_backward_workspace_bytes(int64_t rows, int C);
 // partials in the workspace, then summed in a fixed order; skipped when dbias is null;
 // accumulate_dbias adds into dbias instead of overwriting it. The residual's gradient is dout
 // itself: no kernel is needed, the caller uses (or adds) dout directly.
+// mask_row as in the forward.
 void dropout_residual_backward(__nv_bfloat16* dx, float* dbias, const __nv_bfloat16* dout,
                                int64_t rows, int C, float p, RngArgs rng, bool accumulate_dbias,
-                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                               void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                               int64_t mask_row = 0);
 
 }  // namespace replay

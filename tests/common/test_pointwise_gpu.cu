@@ -471,6 +471,42 @@ TEST(PointwiseGpu, DropoutIsReproducibleAndMovesWithTheSlotOffset) {
   }
 }
 
+// A sequence-parallel shard: rows [r0, r0 + k) of a [rows, C] tensor with mask_row r0 draw the
+// whole tensor's mask there, so forward and backward give the slice of the whole call's output.
+TEST(PointwiseGpu, DropoutOfARowShardIsTheSliceOfTheWhole) {
+  const int64_t rows = 96, r0 = 40, k = 32;
+  const int C = 1024;
+  const size_t n = rows * C, nk = k * C;
+  const float p = 0.3f;
+  test::DeviceBuffer<PhiloxSlot> slot(1);
+  upload_slot(slot, 4242, 7);
+  const RngArgs rng{slot.get(), 5};
+  Bf16Tensor x(nonzero(n, 11)), bias(normal(C, 12)), residual(normal(n, 13)), whole(n);
+  dropout_residual_forward(whole.get(), x.get(), bias.get(), residual.get(), rows, C, p, rng,
+                           nullptr);
+  Bf16Tensor shard(nk);
+  dropout_residual_forward(shard.get(), x.get() + r0 * C, bias.get(), residual.get() + r0 * C, k, C,
+                           p, rng, nullptr, r0);
+  const std::vector<float> w = whole.download(), sh = shard.download();
+  EXPECT_TRUE(test::bit_equal("forward shard", sh.data(), w.data() + r0 * C, nk * sizeof(float)));
+  // Without the row offset the shard draws the mask of rows 0 .. k - 1 instead: most differ.
+  Bf16Tensor wrong(nk);
+  dropout_residual_forward(wrong.get(), x.get() + r0 * C, bias.get(), residual.get() + r0 * C, k, C,
+                           p, rng, nullptr);
+  const std::vector<float> wr = wrong.download();
+  int64_t differ = 0;
+  for (size_t e = 0; e < nk; ++e) differ += wr[e] != w[r0 * C + e];
+  EXPECT_GT(differ, static_cast<int64_t>(nk / 4));
+
+  Bf16Tensor dout(nonzero(n, 14)), dx_whole(n), dx_shard(nk);
+  dropout_residual_backward(dx_whole.get(), nullptr, dout.get(), rows, C, p, rng, false, nullptr, 0,
+                            nullptr);
+  dropout_residual_backward(dx_shard.get(), nullptr, dout.get() + r0 * C, k, C, p, rng, false,
+                            nullptr, 0, nullptr, r0);
+  const std::vector<float> dw = dx_whole.download(), ds = dx_shard.download();
+  EXPECT_TRUE(test::bit_equal("backward shard", ds.data(), dw.data() + r0 * C, nk * sizeof(float)));
+}
+
 TEST(PointwiseGpu, DropoutBackwardMatchesReference) {
   uint64_t seed = 9000;
   test::DeviceBuffer<PhiloxSlot> slot(1);

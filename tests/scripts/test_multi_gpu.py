@@ -24,6 +24,10 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
    rounded to bf16 before the all-reduce adds them, one GPU rounds once after the whole sum) and
    every loss of 20 steps within 0.02 nats.
 
+6. with --tp 2 --sequence-parallel the same in none, layer and full mode, bit-identical across the
+   modes, a smaller arena than TP2's, step 0's loss that of TP2 (also with dropout 0.1: each rank
+   draws its slice of the whole mask), and every loss within 0.02 nats of one GPU.
+
 REPLAY_BIN_DIR names the build's binaries (CTest sets it); with REPLAY_DP_OUT set, the measured
 differences are written there as JSON."""
 
@@ -185,10 +189,38 @@ def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
         losses = d["losses"]
         check(sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1,
               f"{workload}: TP2's loss falls ({losses[0]:.4f} -> {losses[-1]:.4f})", failures)
-    against_one_gpu(workload, "TP2", runs,
-                    [binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps",
-                     str(STEPS)],
-                    "the whole model on one GPU", TP_FIRST_STEP_TOLERANCE, tmp, failures)
+    one_gpu = [binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps", str(STEPS)]
+    against_one_gpu(workload, "TP2", runs, one_gpu, "the whole model on one GPU", TP_FIRST_STEP_TOLERANCE, tmp,
+                    failures)
+
+    # Sequence parallelism: the same split with the residual stream, the norms and the hidden dropout
+    # on half the tokens each, reduce-scatters and all-gathers in place of the all-reduces.
+    sp = three_modes(workload, "TP2-SP", [*launch, "--sequence-parallel"], tmp, failures)
+    if "full" in sp and "full" in runs:
+        d, t = sp["full"], runs["full"]
+        check(d["config"]["sequence_parallel"] is True and "sequence parallel" in d["tensor_parallel_collectives"],
+              f"{workload}: TP2-SP's JSON says so ({d['tensor_parallel_collectives']})", failures)
+        a, b = d["memory"]["arena_bytes"], t["memory"]["arena_bytes"]
+        check(a < b, f"{workload}: TP2-SP's arena is smaller than TP2's ({a} < {b} bytes)", failures)
+        first = abs(d["losses"][0] - t["losses"][0])
+        check(first <= FIRST_STEP_TOLERANCE,
+              f"{workload}: TP2-SP's step 0 loss is TP2's ({first:.2e}; the same sums, cut differently)", failures)
+    against_one_gpu(workload, "TP2-SP", sp, one_gpu, "the whole model on one GPU", TP_FIRST_STEP_TOLERANCE, tmp,
+                    failures)
+    # With dropout: a sequence-parallel rank draws its slice of the whole tensor's hidden-dropout mask, so
+    # step 0's loss (dropout in the forward) is TP2's; masks drawn from row 0 of each slice would differ.
+    losses = {}
+    for name, extra in (("TP2", []), ("TP2-SP", ["--sequence-parallel"])):
+        out = os.path.join(tmp, f"{workload}-{name.lower()}-dropout.json")
+        with_dropout = [x if prev != "--dropout" else "0.1" for prev, x in zip([None, *launch], launch)]
+        rc, _ = run([*with_dropout, *extra, "--graphs", "full", "--steps", "3", "--json", out])
+        check(rc == 0, f"{workload}: {name} with dropout 0.1 runs", failures)
+        if rc == 0:
+            losses[name] = load(out)["losses"]
+    if len(losses) == 2:
+        first = abs(losses["TP2"][0] - losses["TP2-SP"][0])
+        check(first <= FIRST_STEP_TOLERANCE,
+              f"{workload}: with dropout, TP2-SP's step 0 loss is TP2's ({first:.2e})", failures)
 
 
 def main():

@@ -155,6 +155,25 @@ TEST(Gpt3Settings, PresetDefaultsFillTheFlags) {
   EXPECT_THROW(test::resolved(v, {"--preset", "175b-tp8", "--layers", "97"}), bench::UsageError);
 }
 
+// --sequence-parallel needs tensor parallelism run by one process per rank: refused before any
+// work without --tp, and in a one-process run (which runs no collectives).
+TEST(Gpt3Settings, SequenceParallelNeedsTheGroupsProcesses) {
+  transformer::TransformerWorkload a(recipe());
+  EXPECT_THROW(test::resolved(a, {"--preset", "tiny", "--sequence-parallel"}), bench::UsageError);
+  transformer::TransformerWorkload b(recipe());
+  try {
+    test::resolved(b, {"--preset", "tiny", "--tp", "2", "--sequence-parallel"});
+    ADD_FAILURE() << "one process accepted --sequence-parallel";
+  } catch (const bench::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("one process per tensor-parallel rank"), std::string::npos)
+        << e.what();
+  }
+  transformer::TransformerWorkload c(recipe());
+  test::resolved(c, {"--preset", "tiny", "--tp", "2"});
+  EXPECT_FALSE(c.shape().sequence_parallel);
+  EXPECT_EQ(c.config()["sequence_parallel"], false);
+}
+
 TEST(Gpt3Settings, ScheduleFlagsOverrideThePreset) {
   transformer::TransformerWorkload w(recipe());
   const train::RunFlags f = test::resolved(

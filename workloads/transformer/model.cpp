@@ -38,11 +38,13 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
   shape_.validate();
   REPLAY_REQUIRE(tp == nullptr || (tp->size() == shape_.tp && tp->rank() == shape_.tp_rank),
                  "Transformer: the tensor-parallel group does not match the shape's tp and rank");
+  REPLAY_REQUIRE(!shape_.sequence_parallel || tp != nullptr,
+                 "Transformer: sequence parallelism needs the tensor-parallel group's processes");
   if (tp_ != nullptr) params_.set_tensor_parallel(shape_.tp_rank, shape_.tp);
   REPLAY_REQUIRE(microbatches >= 1, "at least one micro-batch per step");
   const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
                 F = shape_.ffn_shard(), F1 = shape_.fc1_width(), V = shape_.vocab_shard();
-  const int64_t M = shape_.tokens(), L = shape_.layers;
+  const int64_t M = shape_.tokens(), Ms = shape_.seq_tokens(), L = shape_.layers;
   const bool bias = shape_.bias, ln = layernorm();
 
   // Parameters: GPT-2/Megatron initialization, N(0, 0.02) with the residual-branch output layers
@@ -140,9 +142,9 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
   gemm_ws_bytes_ = std::max<size_t>(gemms.max_workspace_bytes(), 256);
   attention_ws_bytes_ = std::max<size_t>(
       {attention_->forward_workspace_bytes(), attention_->backward_workspace_bytes(), size_t{256}});
-  norm_ws_bytes_ = ln ? layernorm_backward_workspace_bytes(M, static_cast<int>(C))
-                      : rmsnorm_backward_workspace_bytes(M, static_cast<int>(C));
-  dropout_ws_bytes_ = dropout_residual_backward_workspace_bytes(M, static_cast<int>(C));
+  norm_ws_bytes_ = ln ? layernorm_backward_workspace_bytes(Ms, static_cast<int>(C))
+                      : rmsnorm_backward_workspace_bytes(Ms, static_cast<int>(C));
+  dropout_ws_bytes_ = dropout_residual_backward_workspace_bytes(Ms, static_cast<int>(C));
   embedding_ws_bytes_ = embedding_backward_workspace_bytes(
       EmbeddingShape{shape_.micro_batch, shape_.seq, C, shape_.vocab_start(), V});
 
@@ -169,7 +171,7 @@ void Transformer::plan(ArenaPlan& plan) {
   REPLAY_REQUIRE(planned_.empty(), "Transformer::plan called twice");
   const int64_t C = shape_.hidden, A = shape_.attn_width(), W = shape_.qkv_width(),
                 F = shape_.ffn_shard(), F1 = shape_.fc1_width(), V = shape_.vocab_shard();
-  const int64_t M = shape_.tokens(), n = microbatches_;
+  const int64_t M = shape_.tokens(), Ms = shape_.seq_tokens(), n = microbatches_;
   const int L = num_layers();
   const bool ln = layernorm();
   const Lifetime forever{};
@@ -188,35 +190,39 @@ void Transformer::plan(ArenaPlan& plan) {
   if (rope())  // (cos, sin) per position and frequency, built at set-up
     add(plan, rope_table_, "rope.table", kF32, shape_.seq * shape_.head_dim, "inputs", forever);
 
-  add(plan, x_[0], "x0", kBF, M * C, "activations",
+  // The residual stream and what the norms and the hidden dropout write hold Ms rows (this rank's
+  // slice of the tokens under sequence parallelism); the norms' outputs, gathered for the
+  // column-parallel GEMMs, hold every token.
+  add(plan, x_[0], "x0", kBF, Ms * C, "activations",
       {phase_embedding_forward(), phase_layer_backward(0)});
   for (int l = 0; l < L; ++l) {
     const std::string p = "layer" + std::to_string(l) + ".";
     const Lifetime life{phase_layer_forward(l), phase_layer_backward(l)};
     LayerActs& a = acts_[static_cast<size_t>(l)];
-    if (ln) add(plan, a.ln1_mean, p + "ln1.mean", kF32, M, "activations", life);
-    add(plan, a.ln1_rstd, p + "ln1.rstd", kF32, M, "activations", life);
+    if (ln) add(plan, a.ln1_mean, p + "ln1.mean", kF32, Ms, "activations", life);
+    add(plan, a.ln1_rstd, p + "ln1.rstd", kF32, Ms, "activations", life);
     add(plan, a.h1, p + "ln1.out", kBF, M * C, "activations", life);
     add(plan, a.qkv, p + "attn.qkv", kBF, M * W, "activations", life);
     add(plan, a.attn_o, p + "attn.out", kBF, M * A, "activations", life);
     add(plan, a.attn_stats, p + "attn.lse", kF32, M * shape_.heads_shard(), "activations", life);
-    add(plan, a.x_mid, p + "x_mid", kBF, M * C, "activations", life);
-    if (ln) add(plan, a.ln2_mean, p + "ln2.mean", kF32, M, "activations", life);
-    add(plan, a.ln2_rstd, p + "ln2.rstd", kF32, M, "activations", life);
+    add(plan, a.x_mid, p + "x_mid", kBF, Ms * C, "activations", life);
+    if (ln) add(plan, a.ln2_mean, p + "ln2.mean", kF32, Ms, "activations", life);
+    add(plan, a.ln2_rstd, p + "ln2.rstd", kF32, Ms, "activations", life);
     add(plan, a.h2, p + "ln2.out", kBF, M * C, "activations", life);
     add(plan, a.fc1_out, p + "mlp.fc1.out", kBF, M * F, "activations", life);
     add(plan, a.fc1_aux, p + "mlp.fc1.preact", kBF, M * F1, "activations", life);
     const int end = l + 1 < L ? phase_layer_backward(l + 1) : phase_head();
-    add(plan, x_[static_cast<size_t>(l) + 1], "x" + std::to_string(l + 1), kBF, M * C,
+    add(plan, x_[static_cast<size_t>(l) + 1], "x" + std::to_string(l + 1), kBF, Ms * C,
         "activations", {phase_layer_forward(l), end});
   }
+  // With SP the embedding's partial sums are reduce-scattered from here too.
   add(plan, fwd_tmp_, "forward.scratch", kBF, M * C, "activations",
-      {phase_layer_forward(0), phase_layer_forward(L - 1)});
+      {sp() ? phase_embedding_forward() : phase_layer_forward(0), phase_layer_forward(L - 1)});
 
   add(plan, hf_, "head.norm.out", kBF, M * C, "activations", head_wgrad_inputs);
   add(plan, logits_, "head.logits", kBF, M * V, "activations", head_wgrad_inputs);
-  if (ln) add(plan, lnf_mean_, "head.norm.mean", kF32, M, "activations", head);
-  add(plan, lnf_rstd_, "head.norm.rstd", kF32, M, "activations", head);
+  if (ln) add(plan, lnf_mean_, "head.norm.mean", kF32, Ms, "activations", head);
+  add(plan, lnf_rstd_, "head.norm.rstd", kF32, Ms, "activations", head);
   add(plan, ce_stats_, "head.ce.stats", kF32, cross_entropy_stats_floats(M), "activations", head);
   if (tp_ != nullptr)  // every rank's statistics, in rank order (an all-gather)
     add(plan, ce_gathered_, "head.ce.stats_gathered", kF32,
@@ -225,9 +231,12 @@ void Transformer::plan(ArenaPlan& plan) {
   add(plan, count_, "head.ce.count", kI32, 1, "activations", head);
   add(plan, d_hf_, "head.norm.dout", kBF, M * C, "activations", head);
 
-  add(plan, grad_, "backward.residual_grad", kBF, M * C, "activations", head_to_end);
+  add(plan, grad_, "backward.residual_grad", kBF, Ms * C, "activations", head_to_end);
   if (!branch_grad_is_residual())
-    add(plan, d_branch_, "backward.branch_grad", kBF, M * C, "activations", backward);
+    add(plan, d_branch_, "backward.branch_grad", kBF, Ms * C, "activations", backward);
+  if (sp())
+    add(plan, d_all_, "backward.gathered_grad", kBF, M * C, "activations",
+        {phase_layer_backward(L - 1), phase_embedding_backward()});
   add(plan, d_h_, "backward.norm_out_grad", kBF, M * C, "activations", backward);
   add(plan, d_fc1_, "backward.fc1_grad", kBF, M * F1, "activations", backward);
   if (swiglu()) add(plan, d_act_, "backward.swiglu_out_grad", kBF, M * F, "activations", backward);
@@ -314,7 +323,7 @@ const bf16* Transformer::head_weight() const {
 
 void Transformer::norm_forward(bf16* out, const TensorView& mean, const TensorView& rstd,
                                const bf16* x, ParamId gamma, ParamId beta, cudaStream_t s) const {
-  const int64_t M = shape_.tokens();
+  const int64_t M = shape_.seq_tokens();  // the norms run on the residual stream's rows
   const int C = static_cast<int>(shape_.hidden);
   if (layernorm())
     layernorm_forward(out, ptr<float>(mean), ptr<float>(rstd), x, weight(gamma), weight(beta), M, C,
@@ -326,7 +335,7 @@ void Transformer::norm_forward(bf16* out, const TensorView& mean, const TensorVi
 void Transformer::norm_backward(bf16* dx, ParamId gamma, ParamId beta, const bf16* dout,
                                 const bf16* x, const TensorView& mean, const TensorView& rstd,
                                 bool accumulate_dx, bool accumulate, cudaStream_t s) const {
-  const int64_t M = shape_.tokens();
+  const int64_t M = shape_.seq_tokens();
   const int C = static_cast<int>(shape_.hidden);
   const ParamStore& w = params_;
   if (layernorm())
@@ -342,9 +351,9 @@ const bf16* Transformer::branch_grad(ParamId bias, const std::vector<RngArgs>& r
                                      int layer, cudaStream_t s) const {
   if (branch_grad_is_residual()) return ptr<bf16>(grad_);
   dropout_residual_backward(ptr<bf16>(d_branch_), bias >= 0 ? params_.grad(bias) : nullptr,
-                            ptr<bf16>(grad_), shape_.tokens(), static_cast<int>(shape_.hidden),
+                            ptr<bf16>(grad_), shape_.seq_tokens(), static_cast<int>(shape_.hidden),
                             shape_.dropout, rng_of(rng, mb, layer), mb > 0, dropout_ws_.data,
-                            dropout_ws_.bytes(), s);
+                            dropout_ws_.bytes(), s, shape_.seq_first_token());
   return ptr<bf16>(d_branch_);
 }
 
@@ -369,24 +378,62 @@ void Transformer::rope_apply(void* qkv, bool backward, cudaStream_t s) const {
 
 // ---- Forward ----------------------------------------------------------------------------------
 
-// Tensor parallelism: the sum over the group of a [tokens, hidden] bf16 activation (a row-parallel
-// layer's partial output, a column-parallel layer's partial input gradient), in place.
-void Transformer::tp_sum(const TensorView& v, cudaStream_t s) const {
-  if (tp_ == nullptr) return;
+bf16* Transformer::seq_slice(const TensorView& v) const {
+  return ptr<bf16>(v) + shape_.seq_first_token() * shape_.hidden;
+}
+
+void Transformer::sp_gather(const TensorView& v, cudaStream_t s) const {
+  if (!sp()) return;
+  tp_->all_gather(seq_slice(v), v.data, static_cast<size_t>(shape_.seq_tokens() * shape_.hidden),
+                  ncclBfloat16, s);
+}
+
+const bf16* Transformer::sp_gather_to(const bf16* src, const TensorView& all,
+                                      cudaStream_t s) const {
+  if (!sp()) return src;
+  tp_->all_gather(src, all.data, static_cast<size_t>(shape_.seq_tokens() * shape_.hidden),
+                  ncclBfloat16, s);
+  return ptr<bf16>(all);
+}
+
+const bf16* Transformer::tp_reduce(const TensorView& v, cudaStream_t s) const {
+  if (tp_ == nullptr) return ptr<bf16>(v);
+  if (sp()) {
+    tp_->reduce_scatter(v.data, seq_slice(v),
+                        static_cast<size_t>(shape_.seq_tokens() * shape_.hidden), ncclBfloat16,
+                        ncclSum, s);
+    return seq_slice(v);
+  }
   tp_->all_reduce(v.data, v.data, static_cast<size_t>(shape_.tokens() * shape_.hidden),
                   ncclBfloat16, ncclSum, s);
+  return ptr<bf16>(v);
+}
+
+void Transformer::sp_reduce_grads(std::initializer_list<ParamId> ids, cudaStream_t s) const {
+  if (!sp()) return;
+  std::vector<std::pair<void*, size_t>> grads;
+  for (const ParamId id : ids)
+    if (id >= 0) grads.emplace_back(params_.grad(id), static_cast<size_t>(params_.numel(id)));
+  tp_->all_reduce_group(grads, ncclFloat32, ncclSum, s);
 }
 
 void Transformer::embedding_forward(int mb, cudaStream_t s) const {
   // Vocab-parallel: ids outside this rank's rows give zero; the position table is added by rank 0
   // only, so the sum over the group adds it once.
   const bool positions = wpe_ >= 0 && shape_.tp_rank == 0;
-  replay::embedding_forward(ptr<bf16>(x_[0]), tokens(mb), weight(wte_),
+  // With SP every token's partial sums go to the scratch, and this rank keeps its slice's sums.
+  const TensorView& partial = sp() ? fwd_tmp_ : x_[0];
+  replay::embedding_forward(ptr<bf16>(partial), tokens(mb), weight(wte_),
                             positions ? weight(wpe_) : nullptr,
                             EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                            shape_.vocab_start(), shape_.vocab_shard()},
                             s);
-  tp_sum(x_[0], s);
+  if (sp())
+    tp_->reduce_scatter(partial.data, x_[0].data,
+                        static_cast<size_t>(shape_.seq_tokens() * shape_.hidden), ncclBfloat16,
+                        ncclSum, s);
+  else
+    tp_reduce(x_[0], s);
 }
 
 void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
@@ -394,12 +441,13 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   const LayerActs& a = acts_[static_cast<size_t>(layer)];
   const bf16* x = ptr<bf16>(x_[static_cast<size_t>(layer)]);
   bf16* out = ptr<bf16>(x_[static_cast<size_t>(layer) + 1]);
-  const int64_t M = shape_.tokens();
+  const int64_t M = shape_.tokens(), Ms = shape_.seq_tokens(), first = shape_.seq_first_token();
   const int C = static_cast<int>(shape_.hidden);
   const float drop = shape_.dropout;
   auto bias = [this](ParamId id) { return id >= 0 ? weight(id) : nullptr; };
 
-  norm_forward(ptr<bf16>(a.h1), a.ln1_mean, a.ln1_rstd, x, p.ln1_gamma, p.ln1_beta, s);
+  norm_forward(seq_slice(a.h1), a.ln1_mean, a.ln1_rstd, x, p.ln1_gamma, p.ln1_beta, s);
+  sp_gather(a.h1, s);
   GemmArgs qkv;
   qkv.a = a.h1.data, qkv.b = weight(p.qkv_weight), qkv.d = a.qkv.data, qkv.bias = bias(p.qkv_bias);
   gemm(qkv_.forward, qkv, s);
@@ -412,11 +460,12 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   GemmArgs proj;
   proj.a = a.attn_o.data, proj.b = weight(p.proj_weight), proj.d = fwd_tmp_.data;
   gemm(proj_.forward, proj, s);
-  tp_sum(fwd_tmp_, s);  // row-parallel: the partial products of every rank
-  dropout_residual_forward(ptr<bf16>(a.x_mid), ptr<bf16>(fwd_tmp_), bias(p.proj_bias), x, M, C,
-                           drop, rng_of(rng_attn_dropout_, mb, layer), s);
-  norm_forward(ptr<bf16>(a.h2), a.ln2_mean, a.ln2_rstd, ptr<bf16>(a.x_mid), p.ln2_gamma, p.ln2_beta,
+  const bf16* attn_sum = tp_reduce(fwd_tmp_, s);  // row-parallel: every rank's partial products
+  dropout_residual_forward(ptr<bf16>(a.x_mid), attn_sum, bias(p.proj_bias), x, Ms, C, drop,
+                           rng_of(rng_attn_dropout_, mb, layer), s, first);
+  norm_forward(seq_slice(a.h2), a.ln2_mean, a.ln2_rstd, ptr<bf16>(a.x_mid), p.ln2_gamma, p.ln2_beta,
                s);
+  sp_gather(a.h2, s);
   GemmArgs fc1;
   fc1.a = a.h2.data, fc1.b = weight(p.fc1_weight), fc1.bias = bias(p.fc1_bias);
   if (swiglu()) {
@@ -431,9 +480,9 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
   GemmArgs fc2;
   fc2.a = a.fc1_out.data, fc2.b = weight(p.fc2_weight), fc2.d = fwd_tmp_.data;
   gemm(fc2_.forward, fc2, s);
-  tp_sum(fwd_tmp_, s);
-  dropout_residual_forward(out, ptr<bf16>(fwd_tmp_), bias(p.fc2_bias), ptr<bf16>(a.x_mid), M, C,
-                           drop, rng_of(rng_mlp_dropout_, mb, layer), s);
+  const bf16* mlp_sum = tp_reduce(fwd_tmp_, s);
+  dropout_residual_forward(out, mlp_sum, bias(p.fc2_bias), ptr<bf16>(a.x_mid), Ms, C, drop,
+                           rng_of(rng_mlp_dropout_, mb, layer), s, first);
 }
 
 // ---- Head: final norm, LM head, cross-entropy, and their backward -----------------------------
@@ -442,8 +491,9 @@ void Transformer::layer_forward(int mb, int layer, cudaStream_t s) const {
 // training head's forward and the whole of the evaluation's.
 void Transformer::head_forward(int mb, float* loss, cudaStream_t s) const {
   const CrossEntropyShape ce{shape_.tokens(), shape_.vocab_shard(), shape_.vocab_start()};
-  norm_forward(ptr<bf16>(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
+  norm_forward(seq_slice(hf_), lnf_mean_, lnf_rstd_, ptr<bf16>(x_.back()), lnf_gamma_, lnf_beta_,
                s);
+  sp_gather(hf_, s);
   GemmArgs fwd;
   fwd.a = hf_.data, fwd.b = head_weight(), fwd.d = logits_.data;
   gemm(lm_head_.forward, fwd, s);
@@ -472,14 +522,15 @@ void Transformer::head(int mb, cudaStream_t s) const {
   GemmArgs dgrad;
   dgrad.a = logits, dgrad.b = head_weight(), dgrad.d = d_hf_.data;
   gemm(lm_head_.dgrad, dgrad, s);
-  tp_sum(d_hf_, s);              // the vocab-parallel head's partial input gradients
-  if (!shape_.tied_embedding) {  // the untied head's weight gradient: dW (+)= dlogits^T h
+  const bf16* d_hf = tp_reduce(d_hf_, s);  // the vocab-parallel head's partial input gradients
+  if (!shape_.tied_embedding) {            // the untied head's weight gradient: dW (+)= dlogits^T h
     GemmArgs wgrad;
     wgrad.a = logits, wgrad.b = hf_.data, wgrad.d = params_.grad(lm_head_w_);
     gemm(lm_head_.wgrad[mb > 0 ? 1 : 0], wgrad, s);
   }
-  norm_backward(ptr<bf16>(grad_), lnf_gamma_, lnf_beta_, ptr<bf16>(d_hf_), ptr<bf16>(x_.back()),
-                lnf_mean_, lnf_rstd_, false, mb > 0, s);
+  norm_backward(ptr<bf16>(grad_), lnf_gamma_, lnf_beta_, d_hf, ptr<bf16>(x_.back()), lnf_mean_,
+                lnf_rstd_, false, mb > 0, s);
+  if (mb == microbatches_ - 1) sp_reduce_grads({lnf_gamma_, lnf_beta_}, s);
   if (microbatches_ > 1 && mb == microbatches_ - 1) {
     mean_of(step_loss_, ptr<float>(mb_loss_), microbatches_, s);
   }
@@ -517,8 +568,9 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   const ParamStore& w = params_;
   bf16* G = ptr<bf16>(grad_);
 
-  // MLP: G is dL/d(layer output).
-  const bf16* d_mlp = branch_grad(p.fc2_bias, rng_mlp_dropout_, mb, layer, s);
+  // MLP: G is dL/d(layer output) (this rank's rows with SP; gathered for the GEMMs).
+  const bf16* d_mlp =
+      sp_gather_to(branch_grad(p.fc2_bias, rng_mlp_dropout_, mb, layer, s), d_all_, s);
   GemmArgs fc2_d;
   fc2_d.a = d_mlp, fc2_d.b = weight(p.fc2_weight);
   if (swiglu()) {
@@ -536,15 +588,17 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   GemmArgs fc1_d;
   fc1_d.a = d_fc1_.data, fc1_d.b = weight(p.fc1_weight), fc1_d.d = d_h_.data;
   gemm(fc1_.dgrad, fc1_d, s);
-  tp_sum(d_h_, s);  // column-parallel: the partial input gradients of every rank
+  // Column-parallel: the partial input gradients of every rank.
+  const bf16* d_h2 = tp_reduce(d_h_, s);
   GemmArgs fc1_w;
   fc1_w.a = d_fc1_.data, fc1_w.b = a.h2.data, fc1_w.d = w.grad(p.fc1_weight);
   wgrad(fc1_, fc1_w, bias ? p.fc1_bias : -1, shape_.fc1_width(), mb, s);
-  norm_backward(G, p.ln2_gamma, p.ln2_beta, ptr<bf16>(d_h_), ptr<bf16>(a.x_mid), a.ln2_mean,
-                a.ln2_rstd, true, acc, s);  // G is now dL/dx_mid
+  norm_backward(G, p.ln2_gamma, p.ln2_beta, d_h2, ptr<bf16>(a.x_mid), a.ln2_mean, a.ln2_rstd, true,
+                acc, s);  // G is now dL/dx_mid
 
   // Attention.
-  const bf16* d_attn_branch = branch_grad(p.proj_bias, rng_attn_dropout_, mb, layer, s);
+  const bf16* d_attn_branch =
+      sp_gather_to(branch_grad(p.proj_bias, rng_attn_dropout_, mb, layer, s), d_all_, s);
   GemmArgs proj_d;
   proj_d.a = d_attn_branch, proj_d.b = weight(p.proj_weight), proj_d.d = d_attn_.data;
   gemm(proj_.dgrad, proj_d, s);
@@ -562,18 +616,21 @@ void Transformer::layer_backward(int mb, int layer, cudaStream_t s) const {
   GemmArgs qkv_d;
   qkv_d.a = d_qkv_.data, qkv_d.b = weight(p.qkv_weight), qkv_d.d = d_h_.data;
   gemm(qkv_.dgrad, qkv_d, s);
-  tp_sum(d_h_, s);
+  const bf16* d_h1 = tp_reduce(d_h_, s);
   GemmArgs qkv_w;
   qkv_w.a = d_qkv_.data, qkv_w.b = a.h1.data, qkv_w.d = w.grad(p.qkv_weight);
   wgrad(qkv_, qkv_w, bias ? p.qkv_bias : -1, shape_.qkv_width(), mb, s);
-  norm_backward(G, p.ln1_gamma, p.ln1_beta, ptr<bf16>(d_h_), x, a.ln1_mean, a.ln1_rstd, true, acc,
-                s);  // G is now dL/dx (the layer's input)
+  norm_backward(G, p.ln1_gamma, p.ln1_beta, d_h1, x, a.ln1_mean, a.ln1_rstd, true, acc,
+                s);             // G is now dL/dx (the layer's input)
+  if (mb == microbatches_ - 1)  // SP: the slices' partial gradients of the replicated parameters
+    sp_reduce_grads({p.ln1_gamma, p.ln1_beta, p.ln2_gamma, p.ln2_beta, p.proj_bias, p.fc2_bias}, s);
 }
 
 void Transformer::embedding_backward(int mb, cudaStream_t s) const {
   const ParamStore& w = params_;
-  replay::embedding_backward(w.grad(wte_), wpe_ >= 0 ? w.grad(wpe_) : nullptr, ptr<bf16>(grad_),
-                             tokens(mb),
+  // Every token's gradient: the lookup is vocab-parallel over all of them.
+  const bf16* d_x0 = sp_gather_to(ptr<bf16>(grad_), d_all_, s);
+  replay::embedding_backward(w.grad(wte_), wpe_ >= 0 ? w.grad(wpe_) : nullptr, d_x0, tokens(mb),
                              EmbeddingShape{shape_.micro_batch, shape_.seq, shape_.hidden,
                                             shape_.vocab_start(), shape_.vocab_shard()},
                              mb > 0, embedding_ws_.data, embedding_ws_.bytes(), s);
@@ -588,10 +645,12 @@ void Transformer::embedding_backward(int mb, cudaStream_t s) const {
 
 graphs::RegionArgs Transformer::embedding_forward_args(int mb) const {
   const int64_t M = shape_.tokens();
-  return graphs::RegionArgs()
-      .read("tokens", TensorView(tokens(mb), DType::kINT32, {M}))
+  graphs::RegionArgs args;
+  args.read("tokens", TensorView(tokens(mb), DType::kINT32, {M}))
       .read("embedding", params_.weight_range(wte_, embedding_last()))
       .write("x0", x_[0]);
+  if (sp()) args.write("scratch", fwd_tmp_);  // every token's partial sums
+  return args;
 }
 
 // What a layer's forward saves for its backward: written by the one, read by the other.
@@ -680,6 +739,7 @@ graphs::RegionArgs Transformer::layer_backward_args(int mb, int layer) const {
   args.write("norm_out_grad", d_h_).write("fc1_grad", d_fc1_);
   if (swiglu()) args.write("swiglu_out_grad", d_act_);
   args.write("attn_out_grad", d_attn_).write("qkv_grad", d_qkv_);
+  if (sp()) args.write("gathered_grad", d_all_);
   if (mb == 0) {
     args.write("grads", params_.grad_range(p.first(), p.last()));
   } else {
@@ -693,6 +753,7 @@ graphs::RegionArgs Transformer::embedding_backward_args(int mb) const {
   const int64_t M = shape_.tokens();
   graphs::RegionArgs args;
   args.read("tokens", TensorView(tokens(mb), DType::kINT32, {M})).read("residual_grad", grad_);
+  if (sp()) args.write("gathered_grad", d_all_);
   if (shape_.tied_embedding) args.read("dlogits", logits_).read("norm.out", hf_);
   if (mb == 0)
     args.write("embedding.grad", params_.grad_range(wte_, embedding_last()));

@@ -45,6 +45,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -201,7 +202,24 @@ class Transformer {
   const __nv_bfloat16* branch_grad(ParamId bias, const std::vector<RngArgs>& rng, int mb, int layer,
                                    cudaStream_t s) const;
   void rope_apply(void* qkv, bool backward, cudaStream_t s) const;
-  void tp_sum(const TensorView& v, cudaStream_t s) const;
+  // Tensor and sequence parallelism (no-ops in a one-process run). With sequence parallelism the
+  // residual stream holds this rank's seq_tokens() rows; the buffers that feed or leave the
+  // tensor-parallel GEMMs hold every token.
+  bool sp() const { return shape_.sequence_parallel; }
+  // This rank's rows of a buffer of every token: its slice with SP, the whole buffer without.
+  __nv_bfloat16* seq_slice(const TensorView& v) const;
+  // SP: all-gathers, in place, the slices of `v` each rank wrote at seq_slice(v).
+  void sp_gather(const TensorView& v, cudaStream_t s) const;
+  // SP: this rank's rows `src` gathered from every rank into `all` (returned); otherwise `src`.
+  const __nv_bfloat16* sp_gather_to(const __nv_bfloat16* src, const TensorView& all,
+                                    cudaStream_t s) const;
+  // The sum over the group of a row-parallel layer's partial [tokens, hidden] output (or a
+  // column-parallel layer's partial input gradient) in place: an all-reduce, or with SP a
+  // reduce-scatter onto this rank's slice. Returns the rows this rank goes on with.
+  const __nv_bfloat16* tp_reduce(const TensorView& v, cudaStream_t s) const;
+  // SP, after a step's last micro-batch: the gradients of parameters computed from token slices
+  // (the norms, the row-parallel biases) summed over the group, one NCCL group.
+  void sp_reduce_grads(std::initializer_list<ParamId> ids, cudaStream_t s) const;
 
   const Context& ctx_;
   TransformerShape shape_;
@@ -230,6 +248,7 @@ class Transformer {
   TensorView hf_, lnf_mean_, lnf_rstd_, logits_, ce_stats_, ce_gathered_, row_loss_, count_, d_hf_;
   // Backward.
   TensorView grad_, d_branch_, d_h_, d_fc1_, d_act_, d_attn_, d_qkv_, bias_scratch_;
+  TensorView d_all_;  // SP: a branch's (or the embedding's) gradient gathered over every token
   // Workspaces.
   TensorView gemm_ws_, attention_ws_, norm_ws_, dropout_ws_, embedding_ws_;
 };

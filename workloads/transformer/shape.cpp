@@ -28,6 +28,9 @@ void TransformerShape::validate() const {
   require(seq >= 1 && micro_batch >= 1, "seq and micro_batch must be positive");
   require(tokens() < (int64_t{1} << 31) / 4,
           "micro_batch x seq is too large for the kernels' int32 rows");
+  require(!sequence_parallel || (tp > 1 && tokens() % tp == 0),
+          "sequence parallelism needs tp > 1 and micro_batch x seq (" + std::to_string(tokens()) +
+              ") a multiple of tp");
   require(vocab >= 2, "vocab must be at least 2");
   require(vocab_multiple >= 8 && vocab_multiple % 8 == 0,
           "vocab_multiple must be a positive multiple of 8, got " + std::to_string(vocab_multiple));
@@ -44,7 +47,7 @@ std::string TransformerShape::describe() const {
          std::to_string(ffn_shard()) + " per GPU), seq " + std::to_string(seq) + ", micro-batch " +
          std::to_string(micro_batch) + ", vocab " + std::to_string(vocab) + " padded to " +
          std::to_string(padded_vocab()) + " (" + std::to_string(vocab_shard()) + " per GPU), tp " +
-         std::to_string(tp) + options();
+         std::to_string(tp) + (sequence_parallel ? " (sequence parallel)" : "") + options();
 }
 
 std::string TransformerShape::options() const {

@@ -32,7 +32,11 @@ struct TransformerShape {
   int64_t vocab = 0;        // the tokenizer's vocabulary (unpadded, e.g. 50257)
   int tp = 1;               // tensor-parallel degree
   int tp_rank = 0;          // the shard this process computes (0 in a one-process run: rank 0's)
-  float dropout = 0.0f;     // hidden (after attention and MLP) and attention-probability dropout
+  // Megatron's sequence parallelism (tp > 1): the residual stream, the norms and the hidden
+  // dropout hold a 1/tp slice of the tokens; all-gathers before the column-parallel layers and
+  // reduce-scatters after the row-parallel ones take the place of the all-reduces.
+  bool sequence_parallel = false;
+  float dropout = 0.0f;  // hidden (after attention and MLP) and attention-probability dropout
   float norm_eps = 1e-5f;
   int64_t vocab_multiple = 128;  // the padded vocabulary is a multiple of this x TP
 
@@ -62,7 +66,11 @@ struct TransformerShape {
   int64_t ffn_shard() const { return ffn / tp; }
   // fc1's output width per shard: F, or 2F with SwiGLU's fused gate and up.
   int64_t fc1_width() const { return mlp == MlpKind::kSwiGLU ? 2 * ffn_shard() : ffn_shard(); }
-  int64_t tokens() const { return micro_batch * seq; }  // rows of every activation
+  int64_t tokens() const { return micro_batch * seq; }  // rows of a micro-batch's activations
+  // Rows of the residual stream, the norms and the hidden dropout on this rank: the tokens, or
+  // with sequence parallelism this rank's contiguous 1/tp of them, starting at seq_first_token().
+  int64_t seq_tokens() const { return sequence_parallel ? tokens() / tp : tokens(); }
+  int64_t seq_first_token() const { return sequence_parallel ? tp_rank * seq_tokens() : 0; }
 
   // Throws Error naming the field when the shape cannot run (divisibility by TP, the kernels'
   // multiple-of-8 widths, norm width limit, positive sizes).

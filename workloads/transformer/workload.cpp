@@ -238,7 +238,9 @@ std::string TransformerModel::flops_formula() const {
 std::string TransformerModel::collectives() const {
   const int tp = transformer_.shape().tp;
   if (tp == 1) return "none (tp 1)";
-  return tp_run_ ? "run (tp " + std::to_string(tp) + ", NCCL)" : "not run (1 process)";
+  if (!tp_run_) return "not run (1 process)";
+  return "run (tp " + std::to_string(tp) +
+         (transformer_.shape().sequence_parallel ? ", sequence parallel" : "") + ", NCCL)";
 }
 
 // ---- The workload ------------------------------------------------------------------------------
@@ -253,6 +255,9 @@ void TransformerWorkload::add_flags(CLI::App& app) {
       ->check(train::integer_in(0, train::kMaxInt));
   app.add_option("--microbatches", microbatches_, "gradient-accumulation micro-batches per step")
       ->check(train::integer_in(1, 1024));
+  app.add_flag("--sequence-parallel", sequence_parallel_,
+               "Megatron's sequence parallelism with --tp: norms and hidden dropout on 1/tp of the "
+               "tokens, reduce-scatters and all-gathers in place of the all-reduces");
   app.add_option("--dropout", dropout_flag_,
                  "hidden and attention dropout probability in [0, 1) (default: the preset's)")
       ->check(train::number_in(0.0, 1.0));
@@ -278,6 +283,19 @@ void TransformerWorkload::resolve(const train::RunFlags& flags) {
                             std::to_string(layers_flag_));
   if (layers_flag_ > 0) shape_.layers = layers_flag_;
   if (flags.tp > 0) shape_.tp = flags.tp;
+  shape_.sequence_parallel = sequence_parallel_;
+  if (sequence_parallel_ && shape_.tp < 2)
+    throw bench::UsageError("--sequence-parallel: needs tensor parallelism (--tp 2 or more)");
+  if (sequence_parallel_ && comm::world().size < shape_.tp)
+    throw bench::UsageError(
+        "--sequence-parallel: needs one process per tensor-parallel rank "
+        "(mpiexec -n " +
+        std::to_string(shape_.tp) + " ... --tp " + std::to_string(shape_.tp) +
+        "); one process runs no collectives");
+  if (sequence_parallel_ && shape_.tokens() % shape_.tp != 0)
+    throw bench::UsageError("--sequence-parallel: micro_batch x seq (" +
+                            std::to_string(shape_.tokens()) + ") must be a multiple of --tp " +
+                            std::to_string(shape_.tp));
   dropout_ = std::isnan(dropout_flag_) ? static_cast<double>(shape_.dropout) : dropout_flag_;
   shape_.dropout = static_cast<float>(dropout_);
   if (flags.eval_interval > 0 && dropout_ > 0.0)
@@ -300,6 +318,7 @@ nlohmann::ordered_json TransformerWorkload::config() const {
                                   {"vocab", s.padded_vocab()},
                                   {"vocab_shard", s.vocab_shard()},
                                   {"tp", s.tp},
+                                  {"sequence_parallel", s.sequence_parallel},
                                   {"dropout", dropout_},
                                   {"data_order", data_order_}});
   // The whole model, for tools that build the same shard (replay-ops, the PyTorch baselines).
@@ -392,6 +411,8 @@ std::unique_ptr<TransformerModel> TransformerWorkload::build_model(
 }
 
 bool TransformerWorkload::set_tensor_parallel(int rank, int size, comm::Communicator* comm) {
+  REPLAY_REQUIRE(size > 1 || !shape_.sequence_parallel,
+                 "resolve refuses sequence parallelism without the group's processes");
   if (size == 1) return true;
   if (shape_.tp != size)
     throw bench::UsageError("--tp " + std::to_string(size) + ": the " + preset_->info.name +

@@ -187,6 +187,7 @@ class TransformerWorkload : public train::Workload {
   std::vector<train::Preset> preset_infos_;
   // Its own flags (0 and NaN: the preset's).
   int layers_flag_ = 0;
+  bool sequence_parallel_ = false;  // --sequence-parallel
   int microbatches_ = 1;
   double dropout_flag_ = NAN;
   // Resolved.
