@@ -125,8 +125,7 @@ struct Optimizer {
   int* found_inf;
 };
 
-// Sets every gradient to 1, or element kInfIndex to inf (an overflow step), and every parameter
-// to 1 when `reset`.
+// Sets every gradient to 1, and element kInfIndex to inf on an overflow step.
 void load_step(const Optimizer& o, cudaStream_t stream, bool overflow) {
   std::vector<float> grad(kN, 1.0f);
   if (overflow) grad[kInfIndex] = INFINITY;
