@@ -6,6 +6,8 @@
            that failed has per-call times from both tools)
     python3 scripts/report.py graphs --json graphs_bench.json --out DIR
         -> DIR/graphs_summary.md, DIR/graphs_sweep.png
+    python3 scripts/report.py comm --json probe.json --out DIR
+        -> DIR/comm_summary.md (replay-comm-probe's bus bandwidth, against the 2 x H100 anchor)
     python3 scripts/report.py workloads --dir RUNS [--out DIR]
         -> DIR/workloads_summary.md, DIR/<workload>_<preset>_step_time.png,
            DIR/<workload>_<preset>_host_delay.png (when runs with --host-delay-us exist)
@@ -1291,6 +1293,94 @@ def report_runs(directory, out_dir, title):
     return md
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Collective bandwidth (replay-comm-probe)
+# ---------------------------------------------------------------------------------------------------------
+
+# PyTorch's NCCL all-reduce, bf16, on 2 H100 80GB linked by NV18 (issue 27's anchor): message bytes ->
+# bus bandwidth in GB/s.
+COMM_ANCHOR = {8 << 20: 169.0, 64 << 20: 267.0, 256 << 20: 300.0, 1 << 30: 334.0}
+COMM_ANCHOR_SOURCE = "PyTorch 2.11 NCCL all-reduce, bf16, 2 x H100 80GB over NV18, 20 timed calls"
+COMM_RESULT_KEYS = ("collective", "dtype", "mode", "size", "bytes", "time_us", "algbw_gbps", "busbw_gbps")
+
+
+def _fmt_bytes(n):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def validate_comm(doc, path):
+    """Checks a replay-comm-probe JSON and returns its results."""
+    _require(doc.get("tool") == "replay-comm-probe", path, f"tool is {doc.get('tool')!r}, expected replay-comm-probe")
+    world = doc.get("world")
+    _require(isinstance(world, dict) and isinstance(world.get("size"), int) and world["size"] >= 2, path,
+             "world.size is missing or below 2")
+    results = doc.get("results")
+    _require(isinstance(results, list) and results, path, "no results")
+    for i, r in enumerate(results):
+        _require(isinstance(r, dict), path, f"results[{i}] is not an object")
+        for key in COMM_RESULT_KEYS:
+            _require(key in r, path, f"results[{i}] has no {key}")
+        for key in ("size", "bytes", "time_us", "algbw_gbps", "busbw_gbps"):
+            _require(_is_number(r[key]) and r[key] >= 0, path, f"results[{i}].{key} is {r[key]!r}")
+        _require(r.get("wrong_elements") is None or (isinstance(r["wrong_elements"], int) and r["wrong_elements"] >= 0),
+                 path, f"results[{i}].wrong_elements is {r.get('wrong_elements')!r}")
+    return results
+
+
+def comm_lines(doc, path):
+    """The probe's tables: per collective and type, each size's time and bus bandwidth in each mode; then
+    the all-reduce against the anchor (two ranks only: the anchor is a two-GPU measurement)."""
+    results = validate_comm(doc, path)
+    env, world, proto = doc.get("environment") or {}, doc["world"], doc.get("protocol") or {}
+    modes = [m for m in ("eager", "graph") if any(r["mode"] == m for r in results)]
+    wrong = sum(r.get("wrong_elements") or 0 for r in results)
+    checked = all(r.get("wrong_elements") is not None for r in results)
+    lines = ["# NCCL bus bandwidth (replay-comm-probe)", "",
+             f"{world['size']} ranks on {env.get('gpu', 'an unrecorded GPU')}, NCCL {env.get('nccl', '?')}; "
+             f"{'in place' if proto.get('in_place') else 'out of place'}, {proto.get('iters', '?')} calls a timed "
+             f"series after {proto.get('warmup', '?')} warm-up calls; the slowest rank's time a call. busbw = "
+             "algbw x 2(n-1)/n (all-reduce), x (n-1)/n (reduce-scatter, all-gather). Results: "
+             + ((f"{PASS}, every element exact" if wrong == 0 else f"{FAIL}, {wrong} element(s) wrong")
+                if checked else "not checked (--no-check)") + ".", ""]
+    groups = {}
+    for r in results:
+        groups.setdefault((r["collective"], r["dtype"]), {}).setdefault(r["size"], {})[r["mode"]] = r
+    for (collective, dtype), sizes in groups.items():
+        lines += [f"## {collective}, {dtype}", ""]
+        header = ["size"] + [h for m in modes for h in (f"{m} (us)", f"{m} busbw (GB/s)")]
+        rows = []
+        for size in sorted(sizes):
+            row = [_fmt_bytes(size)]
+            for m in modes:
+                r = sizes[size].get(m)
+                row += [f"{r['time_us']:.2f}", f"{r['busbw_gbps']:.1f}"] if r else [MISSING, MISSING]
+            rows.append(row)
+        lines += table(header, rows) + [""]
+    ar = groups.get(("all_reduce", "bf16"), {})
+    anchor_rows = []
+    for size, want in COMM_ANCHOR.items():
+        r = (ar.get(size) or {}).get("eager")
+        if r is not None and world["size"] == 2:
+            anchor_rows.append([_fmt_bytes(size), f"{r['busbw_gbps']:.1f}", f"{want:.0f}", f"{r['busbw_gbps'] / want:.2f}"])
+    if anchor_rows:
+        lines += ["## All-reduce against the anchor", "", f"Anchor: {COMM_ANCHOR_SOURCE}.", "",
+                  *table(["size", "busbw, eager (GB/s)", "anchor (GB/s)", "ratio"], anchor_rows), ""]
+    return lines
+
+
+def report_comm(json_path, out_dir):
+    """Writes out_dir/comm_summary.md from a replay-comm-probe JSON; returns its path."""
+    lines = comm_lines(load_json(json_path), json_path)
+    os.makedirs(out_dir, exist_ok=True)
+    md = os.path.join(out_dir, "comm_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return md
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1322,6 +1412,11 @@ def build_parser():
     runs.add_argument("--out", default=None, help="output directory (default: --dir)")
     runs.add_argument("--title", default="Runs", help="the section's heading")
     runs.set_defaults(func=lambda a: report_runs(a.dir, a.out or a.dir, a.title))
+    comm = sub.add_parser("comm", help="replay-comm-probe's bus bandwidth per collective, type and size, and "
+                                       "the all-reduce against the 2 x H100 anchor")
+    comm.add_argument("--json", required=True, help="JSON from replay-comm-probe --json")
+    comm.add_argument("--out", required=True, help="output directory")
+    comm.set_defaults(func=lambda a: report_comm(a.json, a.out))
     return parser
 
 

@@ -927,5 +927,55 @@ class RunsReport(TempDirCase):
             report.report_runs(self.dir, self.dir, "x")
 
 
+class CommReport(TempDirCase):
+    def probe_doc(self, ranks=2, wrong=0):
+        rows = []
+        for collective in ("all_reduce", "all_gather"):
+            for size, us in ((8 << 20, 50.0), (1 << 30, 3210.0)):
+                for mode, scale in (("eager", 1.0), ("graph", 0.98)):
+                    t = us * scale
+                    algbw = size / (t * 1e-6) / 1e9
+                    factor = 2 * (ranks - 1) / ranks if collective == "all_reduce" else (ranks - 1) / ranks
+                    rows.append({"collective": collective, "dtype": "bf16", "mode": mode, "size": size,
+                                 "bytes": size, "count": size // 2, "time_us": t, "algbw_gbps": algbw,
+                                 "busbw_gbps": algbw * factor, "wrong_elements": 0})
+        rows[0]["wrong_elements"] = wrong
+        return {"tool": "replay-comm-probe", "environment": {"gpu": "NVIDIA H100 80GB HBM3", "nccl": "2.28.3"},
+                "world": {"size": ranks, "local_size": ranks, "one_host": True},
+                "protocol": {"warmup": 5, "iters": 20, "in_place": False}, "results": rows}
+
+    def test_tables_and_anchor(self):
+        path = self.write("probe.json", self.probe_doc())
+        text = open(report.report_comm(path, self.dir)).read()
+        self.assertIn("2 ranks on NVIDIA H100 80GB HBM3, NCCL 2.28.3; out of place", text)
+        self.assertIn("Results: pass, every element exact", text)
+        self.assertIn("## all_reduce, bf16", text)
+        self.assertIn("| 1 GiB | 3210.00 | 334.5 | 3145.80 | 341.3 |", text)
+        self.assertIn("## all_gather, bf16", text)
+        self.assertIn("| 1 GiB | 3210.00 | 167.2 |", text)  # (n-1)/n of the same time's algbw
+        # 8 MiB in 50 us: 167.8 GB/s against 169; 1 GiB against 334. Sizes the run lacks are left out.
+        self.assertIn("| 8 MiB | 167.8 | 169 | 0.99 |", text)
+        self.assertIn("| 1 GiB | 334.5 | 334 | 1.00 |", text)
+        self.assertNotIn("| 64 MiB |", text)
+
+    def test_wrong_results_and_four_ranks(self):
+        path = self.write("probe.json", self.probe_doc(ranks=4, wrong=3))
+        text = open(report.report_comm(path, self.dir)).read()
+        self.assertIn("Results: FAIL, 3 element(s) wrong", text)
+        self.assertNotIn("against the anchor", text)  # a two-GPU measurement
+
+    def test_malformed_input_is_named(self):
+        doc = self.probe_doc()
+        del doc["results"][2]["busbw_gbps"]
+        with self.assertRaisesRegex(report.ReportError, r"results\[2\] has no busbw_gbps"):
+            report.report_comm(self.write("probe.json", doc), self.dir)
+        with self.assertRaisesRegex(report.ReportError, "expected replay-comm-probe"):
+            report.report_comm(self.write("probe.json", {"tool": "replay-gpt3"}), self.dir)
+        doc = self.probe_doc()
+        doc["world"]["size"] = 1
+        with self.assertRaisesRegex(report.ReportError, "world.size"):
+            report.report_comm(self.write("probe.json", doc), self.dir)
+
+
 if __name__ == "__main__":
     unittest.main()
