@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -37,11 +38,15 @@ struct HostState {
   int64_t data_position = 0;
 };
 
-// One tensor of the file and where its bytes live: device memory or a field of HostState.
+// One tensor of the file and where its bytes live: device memory or a field of HostState. A
+// tensor of a distributed optimizer's state (shard >= 0) starts at flat element `flat` of the
+// parameters' layout, and `device` is the rank's share, which holds flat elements [shard, shard +
+// share): a load keeps the part that falls in it.
 struct Item {
   TensorEntry entry;
   void* device = nullptr;
   void* host = nullptr;
+  int64_t flat = 0, shard = -1, share = 0;
 };
 
 TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
@@ -52,8 +57,11 @@ TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
   return e;
 }
 
-// The file's tensors in order, pointing into the trainer's buffers and `host`.
-std::vector<Item> items(const Trainer& trainer, HostState* host) {
+// The file's tensors in order, pointing into the trainer's buffers and `host`. The optimizer's
+// state of a distributed optimizer comes from `gathered` when given (a save), else from the share
+// (a load).
+std::vector<Item> items(const Trainer& trainer, HostState* host,
+                        const OptimizerStateHost* gathered = nullptr) {
   const Model& model = trainer.model();
   const ParamStore& ps = model.params();
   std::vector<Item> out;
@@ -62,13 +70,31 @@ std::vector<Item> items(const Trainer& trainer, HostState* host) {
   const struct {
     const char* prefix;
     float* base;
-  } fp32[] = {{"optimizer.master.", ps.masters().as<float>(DType::kFP32)},
-              {"optimizer.exp_avg.", ps.exp_avg().as<float>(DType::kFP32)},
-              {"optimizer.exp_avg_sq.", ps.exp_avg_sq().as<float>(DType::kFP32)}};
+    const std::vector<float>* whole;
+  } fp32[] = {{"optimizer.master.", ps.masters().as<float>(DType::kFP32),
+               gathered ? &gathered->master : nullptr},
+              {"optimizer.exp_avg.", ps.exp_avg().as<float>(DType::kFP32),
+               gathered ? &gathered->exp_avg : nullptr},
+              {"optimizer.exp_avg_sq.", ps.exp_avg_sq().as<float>(DType::kFP32),
+               gathered ? &gathered->exp_avg_sq : nullptr}};
+  const bool sharded = ps.shard_count() > 1;
   for (const auto& kind : fp32)
-    for (ParamId id = 0; id < ps.count(); ++id)
-      out.push_back({entry(kind.prefix + ps.spec(id).name, DType::kFP32, ps.spec(id).shape),
-                     kind.base + ps.offset(id)});
+    for (ParamId id = 0; id < ps.count(); ++id) {
+      Item i{entry(kind.prefix + ps.spec(id).name, DType::kFP32, ps.spec(id).shape)};
+      if (!sharded) {
+        i.device = kind.base + ps.offset(id);
+      } else if (kind.whole != nullptr) {
+        REPLAY_REQUIRE(static_cast<int64_t>(kind.whole->size()) == ps.buffer_numel(),
+                       "checkpoint: the gathered optimizer state is not whole");
+        i.host = const_cast<float*>(kind.whole->data()) + ps.offset(id);
+      } else {
+        i.device = kind.base;
+        i.flat = ps.offset(id);
+        i.shard = ps.shard_begin();
+        i.share = ps.shard_numel();
+      }
+      out.push_back(std::move(i));
+    }
 
   StepScalars& s = host->scalars;
   out.push_back({entry("train.step", DType::kINT64, {}), nullptr, &s.step});
@@ -235,12 +261,14 @@ void check_tensors(const safetensors::Reader& r, const std::vector<TensorEntry>&
 }
 
 SavedCheckpoint save_checkpoint(const std::string& dir, const Trainer& trainer,
-                                const CheckpointIdentity& id,
-                                const nlohmann::ordered_json& config) {
+                                const CheckpointIdentity& id, const nlohmann::ordered_json& config,
+                                const OptimizerStateHost* gathered) {
   cudaStream_t stream = trainer.stream();
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  REPLAY_REQUIRE(gathered != nullptr || trainer.model().params().shard_count() == 1,
+                 "save_checkpoint: a distributed optimizer's state must be gathered first");
   HostState host;
-  std::vector<Item> list = items(trainer, &host);
+  std::vector<Item> list = items(trainer, &host, gathered);
   REPLAY_CUDA_CHECK(
       cudaMemcpy(&host.scalars, trainer.scalars(), sizeof(StepScalars), cudaMemcpyDeviceToHost));
   const graphs::RngTracker& rng = trainer.rng();
@@ -302,11 +330,21 @@ int64_t load_checkpoint(const safetensors::Reader& r, Trainer& trainer) {
     const auto it = by_name.find(e.name);
     REPLAY_REQUIRE(it != by_name.end(), "load_checkpoint: tensor '" + e.name + "' not checked");
     const Item& i = *it->second;
-    if (i.host != nullptr)
+    if (i.host != nullptr) {
       std::memcpy(static_cast<char*>(i.host) + off, data, n);
-    else
+    } else if (i.shard >= 0) {  // fp32 elements [first, first + count) of the flat layout
+      const int64_t first = i.flat + static_cast<int64_t>(off / sizeof(float)),
+                    count = static_cast<int64_t>(n / sizeof(float));
+      const int64_t lo = std::max(first, i.shard), hi = std::min(first + count, i.shard + i.share);
+      if (lo < hi)
+        REPLAY_CUDA_CHECK(cudaMemcpy(static_cast<float*>(i.device) + (lo - i.shard),
+                                     static_cast<const float*>(data) + (lo - first),
+                                     static_cast<size_t>(hi - lo) * sizeof(float),
+                                     cudaMemcpyHostToDevice));
+    } else {
       REPLAY_CUDA_CHECK(
           cudaMemcpy(static_cast<char*>(i.device) + off, data, n, cudaMemcpyHostToDevice));
+    }
   });
   StepScalars& s = host.scalars;
   s.found_inf = 0;

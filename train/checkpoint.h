@@ -76,12 +76,16 @@ struct SavedCheckpoint {
   int64_t iteration = 0;
   uint64_t bytes = 0;
 };
+// A distributed optimizer's master weights and moments come whole from `gathered`
+// (Trainer::gather_optimizer_state on every rank first).
 SavedCheckpoint save_checkpoint(const std::string& dir, const Trainer& trainer,
                                 const CheckpointIdentity& identity,
-                                const nlohmann::ordered_json& config);
+                                const nlohmann::ordered_json& config,
+                                const OptimizerStateHost* gathered = nullptr);
 
 // Loads a checked checkpoint into the trainer (after allocate(), before prepare()): parameters,
-// optimizer, step scalars, RNG slots, the model's state and its data position; the readback ring
+// optimizer (a distributed optimizer's rank takes its share), step scalars, RNG slots, the
+// model's state and its data position; the readback ring
 // continues at the saved iteration. Returns that iteration. Synchronizes.
 int64_t load_checkpoint(const safetensors::Reader& reader, Trainer& trainer);
 

@@ -377,10 +377,12 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   std::optional<int64_t> last_saved;
   auto save = [&](int64_t iteration) {
     const auto t_save = std::chrono::steady_clock::now();
-    // Data parallel: every rank's share of the optimizer state to every rank, then one file.
-    if (dp_comm) trainer.gather_optimizer_state();
+    // Data parallel: every rank's share of the optimizer state to the leader, then one file.
+    OptimizerStateHost gathered;
+    if (dp_comm) trainer.gather_optimizer_state(leader ? &gathered : nullptr);
     if (leader) {
-      const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f));
+      const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f),
+                                                dp_comm ? &gathered : nullptr);
       const double seconds = ms_since(t_save) * 1e-3;
       std::fprintf(out, "# saved %s (%.1f MB, %.2f s)\n", c.path.c_str(),
                    static_cast<double>(c.bytes) / 1e6, seconds);

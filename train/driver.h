@@ -36,7 +36,8 @@ struct RunOptions {
 
 struct RunResult {
   bench::WorkloadReport report;
-  std::string master_hash;  // fp32 master weights after the last step
+  std::string master_hash;  // fp32 master weights after the last step (a distributed
+                            // optimizer: this rank's share)
 };
 // One run of resolved flags: everything after parsing. Prints progress and the final table to
 // `out`, writes the JSON summary and the MLPerf log when asked.

@@ -62,9 +62,10 @@ void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
   end_ = (end_ + quantum - 1) / quantum * quantum;
   weights_id_ =
       plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_, "params");
-  masters_id_ = plan.add("params.master", DType::kFP32, end_, "optimizer");
-  m_id_ = plan.add("adam.exp_avg", DType::kFP32, end_, "optimizer");
-  v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, end_, "optimizer");
+  const int64_t share = shard_numel();  // the optimizer's state: this rank's share
+  masters_id_ = plan.add("params.master", DType::kFP32, share, "optimizer");
+  m_id_ = plan.add("adam.exp_avg", DType::kFP32, share, "optimizer");
+  v_id_ = plan.add("adam.exp_avg_sq", DType::kFP32, share, "optimizer");
   grads_id_ = plan.add("grads", DType::kFP32, end_, "grads");
   std::vector<int64_t> lengths;
   for (const Piece& p : pieces()) lengths.push_back(p.length);
@@ -95,16 +96,16 @@ TensorView ParamStore::weights() const {
   return TensorView(weights_, weight_dtype_, {end_});
 }
 TensorView ParamStore::masters() const {
-  return TensorView(masters_, DType::kFP32, {end_});
+  return TensorView(masters_, DType::kFP32, {shard_numel()});
 }
 TensorView ParamStore::grads() const {
   return TensorView(grads_, DType::kFP32, {end_});
 }
 TensorView ParamStore::exp_avg() const {
-  return TensorView(m_, DType::kFP32, {end_});
+  return TensorView(m_, DType::kFP32, {shard_numel()});
 }
 TensorView ParamStore::exp_avg_sq() const {
-  return TensorView(v_, DType::kFP32, {end_});
+  return TensorView(v_, DType::kFP32, {shard_numel()});
 }
 
 TensorView ParamStore::range(void* base, DType dtype, ParamId first, ParamId last) const {
@@ -153,15 +154,16 @@ InitSlice ParamStore::tp_slice(ParamId id) const {
 
 void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
   REPLAY_REQUIRE(weights_ != nullptr, "ParamStore::initialize before bind");
-  const auto n = static_cast<size_t>(end_);
+  const auto n = static_cast<size_t>(end_), share = static_cast<size_t>(shard_numel());
   REPLAY_CUDA_CHECK(cudaMemsetAsync(weights_, 0, n * dtype_size(weight_dtype_), stream));
-  for (float* p : {masters_, grads_, m_, v_})
-    REPLAY_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream));
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(grads_, 0, n * sizeof(float), stream));
+  for (float* p : {masters_, m_, v_})
+    REPLAY_CUDA_CHECK(cudaMemsetAsync(p, 0, share * sizeof(float), stream));
   AdamWTableBuilder adamw;
   GradNormTableBuilder norms;
   for (ParamId id = 0; id < count(); ++id) {
     const ParamSpec& s = spec(id);
-    const TensorView fp32(master(id), DType::kFP32, {numel(id)});
+    const TensorView fp32(grads_ + offset(id), DType::kFP32, {numel(id)});  // the masters' draws
     const TensorView model(weight(id), weight_dtype_, {numel(id)});
     for (const TensorView& t : {fp32, model}) {
       switch (s.init) {
@@ -184,12 +186,16 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
       }
     }
   }
+  // The masters' share of the draws, and the gradients zero again.
+  REPLAY_CUDA_CHECK(cudaMemcpyAsync(masters_, grads_ + shard_begin(), share * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, stream));
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(grads_, 0, n * sizeof(float), stream));
   for (const Piece& p : pieces()) {
-    const int64_t at = offset(p.id) + p.first;
+    const int64_t at = offset(p.id) + p.first, in_share = at - shard_begin();
     const TensorView model(
         static_cast<char*>(weights_) + at * static_cast<int64_t>(dtype_size(weight_dtype_)),
         weight_dtype_, {p.length});
-    adamw.add(masters_ + at, model, grads_ + at, m_ + at, v_ + at, p.length,
+    adamw.add(masters_ + in_share, model, grads_ + at, m_ + in_share, v_ + in_share, p.length,
               spec(p.id).weight_decay);
     if (tp_rank_ == 0 || !spec(p.id).tp_replicated) norms.add(grads_ + at, p.length);
   }

@@ -1,9 +1,10 @@
 // params.h: ParamStore, the parameters of a model laid out in five contiguous arena buffers (model
 // weights in the model's dtype: bf16, fp16 or fp32; fp32 master weights, fp32 gradients, Adam's two
 // fp32 moments), each tensor at the same element offset in all five and 256-byte aligned, plus the
-// multi-tensor tables the optimizer and the gradient norm run on. One buffer per kind keeps
-// step-plan state, region arguments and hashes simple: a layer's parameters are one contiguous
-// range.
+// multi-tensor tables the optimizer and the gradient norm run on. Under a distributed optimizer
+// (set_shard) the master weights and moments hold only this rank's share of that flat layout. One
+// buffer per kind keeps step-plan state, region arguments and hashes simple: a layer's parameters
+// are one contiguous range.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -68,10 +69,12 @@ class ParamStore {
 
   // Data parallelism with a distributed optimizer (ZeRO-1), before plan(): `count` ranks each own
   // 1/count of the flat buffers, this one share `rank`. The buffers grow to a multiple of count x
-  // kAlignElements so the shares are equal and aligned; the AdamW and grad-norm tables cover this
-  // rank's share only (the pieces of the tensors that fall in it). The gradients are
-  // reduce-scattered into the share and the weights all-gathered from the shares
-  // (train/trainer.cpp).
+  // kAlignElements so the shares are equal and aligned. The fp32 master weights and both moments
+  // are allocated for the share only (masters(), exp_avg(), exp_avg_sq() view flat elements
+  // [shard_begin(), shard_begin() + shard_numel())): what makes the optimizer's memory per GPU fall
+  // with count. The weights and gradients stay whole; the AdamW and grad-norm tables cover the
+  // share (the pieces of the tensors that fall in it). The gradients are reduce-scattered into the
+  // share and the weights all-gathered from the shares (train/trainer.cpp).
   void set_shard(int rank, int count);
   // Tensor parallelism, before initialize(): this process is rank `rank` of `count`. A tensor with
   // a tp_split draws its slice of the full tensor's numbers (the ranks together hold what one
@@ -102,7 +105,11 @@ class ParamStore {
                    std::string("parameter weights are ") + dtype_name(weight_dtype_));
     return static_cast<T*>(weight(id));
   }
-  float* master(ParamId id) const { return masters_ + offset(id); }
+  // One tensor's master weights: only without a distributed optimizer (masters hold a share).
+  float* master(ParamId id) const {
+    REPLAY_REQUIRE(shard_count_ == 1, "ParamStore::master: the master weights are sharded");
+    return masters_ + offset(id);
+  }
   float* grad(ParamId id) const { return grads_ + offset(id); }
   TensorView weights() const;
   TensorView masters() const;
@@ -115,6 +122,8 @@ class ParamStore {
   // Set-up (synchronizes `stream`): zeroes all five buffers (gaps included, so hashes and
   // verification see defined bytes), draws every master weight (Philox: seed, stream id = id + 1)
   // and the model weight from the same draws (so weight = dtype(master)), and builds the tables.
+  // The fp32 draws go to the gradient buffer first (whole, and unused before the first step),
+  // which hands the masters their share and is zeroed again.
   void initialize(uint64_t seed, cudaStream_t stream);
 
   const AdamWTable& adamw_table() const { return adamw_table_; }

@@ -260,23 +260,33 @@ graphs::RegionArgs Trainer::optimizer_args() const {
   return a;
 }
 
-void Trainer::gather_optimizer_state() {
+void Trainer::gather_optimizer_state(OptimizerStateHost* out) {
   comm::Communicator* dp = options_.data_parallel;
-  if (dp == nullptr) return;
+  REPLAY_REQUIRE(dp != nullptr, "gather_optimizer_state: not a data-parallel run");
   const ParamStore& p = model_.params();
-  const auto share = static_cast<size_t>(p.shard_numel());
-  for (const TensorView& t : {p.masters(), p.exp_avg(), p.exp_avg_sq()}) {
-    float* base = t.as<float>(DType::kFP32);
-    dp->all_gather(base + p.shard_begin(), base, share, ncclFloat32, ctx_.stream());
+  const auto share = static_cast<size_t>(p.shard_numel()), whole = share * p.shard_count();
+  float* staging = p.grads().as<float>(DType::kFP32);  // whole; its contents die with the step
+  std::vector<float>* to[] = {out ? &out->master : nullptr, out ? &out->exp_avg : nullptr,
+                              out ? &out->exp_avg_sq : nullptr};
+  const TensorView from[] = {p.masters(), p.exp_avg(), p.exp_avg_sq()};
+  for (int k = 0; k < 3; ++k) {
+    dp->all_gather(from[k].data, staging, share, ncclFloat32, ctx_.stream());
+    if (options_.watchdog != nullptr) {
+      cudaEvent_t done = nullptr;
+      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      REPLAY_CUDA_CHECK(cudaEventRecord(done, ctx_.stream()));
+      options_.watchdog->wait("the optimizer state's all-gather",
+                              [&] { return cudaEventQuery(done) == cudaSuccess; });
+      cudaEventDestroy(done);
+    }
+    REPLAY_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+    if (to[k] != nullptr) {
+      to[k]->resize(whole);
+      REPLAY_CUDA_CHECK(
+          cudaMemcpy(to[k]->data(), staging, whole * sizeof(float), cudaMemcpyDeviceToHost));
+    }
   }
-  if (options_.watchdog != nullptr) {
-    cudaEvent_t done = nullptr;
-    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    REPLAY_CUDA_CHECK(cudaEventRecord(done, ctx_.stream()));
-    options_.watchdog->wait("the optimizer state's all-gather",
-                            [&] { return cudaEventQuery(done) == cudaSuccess; });
-    cudaEventDestroy(done);
-  }
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(staging, 0, whole * sizeof(float), ctx_.stream()));
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
 }
 

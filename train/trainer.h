@@ -61,6 +61,12 @@ struct TrainerOptions {
   comm::Watchdog* watchdog = nullptr;
 };
 
+// The optimizer's fp32 state, whole, on the host: what a checkpoint of a distributed optimizer
+// writes (flat layout of ParamStore, buffer_numel() elements each).
+struct OptimizerStateHost {
+  std::vector<float> master, exp_avg, exp_avg_sq;
+};
+
 class Trainer {
  public:
   static constexpr int kReadbackSlots = 8;
@@ -98,9 +104,11 @@ class Trainer {
   // Step `s`'s loss, learning rate, grad norm and loss scale from the readback ring: waits for step
   // s only.
   bench::StepSample read(int64_t s) const;
-  // Data parallel: every rank's share of the fp32 master weights and Adam's moments to every rank
-  // (in place, eager, synchronizes), so that the whole optimizer state can be saved.
-  void gather_optimizer_state();
+  // Data parallel (a distributed optimizer): every rank's share of the fp32 master weights and
+  // Adam's moments gathered whole, through the gradient buffer (free between steps, zeroed again
+  // after), into `out` on the rank that saves (null on the others). Collective: every rank
+  // calls it. Eager, synchronizes.
+  void gather_optimizer_state(OptimizerStateHost* out);
   // One evaluation over `samples` held-out samples (rounded up to whole batches): the model's
   // metric. Synchronizes: an evaluation is its own phase, never inside a timed step.
   double evaluate(int64_t samples);

@@ -12,8 +12,9 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
    collective-mismatch), instead of hanging at the first replay; and when rank 1's host stops
    enqueuing (--inject rank-stall), ends within seconds of --comm-timeout-s with the watchdog's
    message instead of hanging;
-4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load and
-   10 more give the losses and weights of 20 straight steps.
+4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load
+   (each rank takes its share) and 10 more give the losses and weights of 20 straight steps; and
+   holds half the optimizer state per rank: its arena is smaller than the one-GPU run's.
 
 5. with --tp 2 (one model split over the two processes: all-reduces after the row-parallel layers
    and of the column-parallel layers' input gradients, the vocab-parallel embedding and
@@ -107,12 +108,15 @@ def three_modes(workload, layout, launch, tmp, failures):
 def against_one_gpu(workload, layout, runs, one_gpu, what, first_tolerance, tmp, failures):
     """Runs `one_gpu` (a command without --json) and compares its losses with the full-mode run of
     `runs`: step 0 within `first_tolerance`, every step within LOSS_TOLERANCE (the sums are ordered
-    differently, so not bitwise). With REPLAY_DP_OUT set the measured differences go there."""
+    differently, so not bitwise). With REPLAY_DP_OUT set the measured differences go there. Returns
+    the one-GPU run's JSON (None when it failed)."""
     one = os.path.join(tmp, f"{workload}-{layout.lower()}-1gpu.json")
     rc, _ = run([*one_gpu, "--json", one])
     check(rc == 0, f"{workload}: {what} runs", failures)
-    if rc != 0 or "full" not in runs:
-        return
+    if rc != 0:
+        return None
+    if "full" not in runs:
+        return load(one)
     a, b = runs["full"]["losses"], load(one)["losses"]
     first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
     print(f"{workload}: {layout} {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs "
@@ -129,6 +133,7 @@ def against_one_gpu(workload, layout, runs, one_gpu, what, first_tolerance, tmp,
           failures)
     check(worst <= LOSS_TOLERANCE,
           f"{workload}: {layout}'s {STEPS} losses within {LOSS_TOLERANCE} of one GPU's ({worst:.2e})", failures)
+    return load(one)
 
 
 def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
@@ -141,9 +146,15 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         check(p["world_size"] == 2 and p["data_parallel"] == 2 and len(p["rank_step_ms"]) == 2 and
               (p.get("collectives_per_step") or 0) >= 3 and (p.get("comm_bytes_per_step") or 0) > 0,
               f"{workload}: the JSON's parallel block, with a step's collectives counted ({p})", failures)
-    against_one_gpu(workload, "DP2", runs,
-                    [binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS)],
-                    "one GPU with two micro-batches", FIRST_STEP_TOLERANCE, tmp, failures)
+    one = against_one_gpu(workload, "DP2", runs,
+                          [binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS)],
+                          "one GPU with two micro-batches", FIRST_STEP_TOLERANCE, tmp, failures)
+    if one is not None and "full" in runs:
+        # ZeRO-1: each rank holds half the fp32 master weights and Adam moments (12 bytes a
+        # parameter whole), so the arena shrinks by about 6 bytes a parameter.
+        a, b = runs["full"]["memory"]["arena_bytes"], one["memory"]["arena_bytes"]
+        check(a < b, f"{workload}: DP2's arena is smaller than one GPU's (the optimizer state is a share: "
+              f"{a} < {b} bytes, {b - a} saved)", failures)
 
     # --inject collective-mismatch: rank 1 captures one extra all-reduce; the capture check stops
     # the run before the first replay (which would hang) and names the extra collective.

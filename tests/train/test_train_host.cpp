@@ -1,12 +1,16 @@
 // train/ on the CPU: learning-rate schedules (known values, validation), the loss scaler's
 // hysteresis and clamps, and the optimizer's no-op on overflow (the host mirrors of the device
-// kernels).
+// kernels), and the distributed optimizer's memory (the optimizer state planned for one share).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
+#include "common/arena.h"
+#include "train/params.h"
 #include "train/schedule.h"
 #include "train/step_scalars.h"
 
@@ -163,6 +167,42 @@ TEST(StepScalars, PrepareOptimizerSkipsOnOverflow) {
   prepare_optimizer_update(s, sc);
   EXPECT_EQ(s.step, 2);
   EXPECT_FLOAT_EQ(s.lr, 1.0f);
+}
+
+// ZeRO-1: with D data-parallel ranks the master weights and both Adam moments are planned for the
+// rank's 1/D share of the flat layout; the weights and gradients stay whole.
+TEST(ParamStore, TheDistributedOptimizersStateIsAShare) {
+  auto bytes_of = [](const ArenaPlan& plan, const std::string& name) -> int64_t {
+    for (const ArenaPlan::Entry& e : plan.entries())
+      if (e.name == name) return static_cast<int64_t>(e.bytes);
+    ADD_FAILURE() << "no buffer " << name;
+    return -1;
+  };
+  for (const int count : {1, 2, 4}) {
+    ParamStore ps;
+    for (const auto& [name, shape] :
+         {std::pair<const char*, std::vector<int64_t>>{"w", {1000, 300}},
+          {"b", {300}},
+          {"g", {77}}}) {
+      ParamSpec spec;
+      spec.name = name;
+      spec.shape = shape;
+      ps.add(spec);
+    }
+    if (count > 1) ps.set_shard(count - 1, count);
+    ArenaPlan plan;
+    ps.plan(plan, {1, 1});
+    const int64_t whole = ps.buffer_numel();
+    EXPECT_EQ(whole % (count * ParamStore::kAlignElements), 0) << count;
+    EXPECT_EQ(ps.shard_numel() * count, whole);
+    EXPECT_EQ(bytes_of(plan, "grads"), whole * 4) << count;
+    EXPECT_EQ(bytes_of(plan, "params.bf16"), whole * 2) << count;
+    for (const char* state : {"params.master", "adam.exp_avg", "adam.exp_avg_sq"})
+      EXPECT_EQ(bytes_of(plan, state), whole / count * 4) << state << " at " << count << " ranks";
+    if (count > 1) {
+      EXPECT_THROW(ps.master(0), Error) << "one tensor's masters are not addressable in a share";
+    }
+  }
 }
 
 }  // namespace

@@ -229,9 +229,16 @@ TEST(Gpt3Shapes, ShardsOfTheMlperfLayout) {
 
 TEST(ParamStoreLayout, AlignedOffsetsAndRanges) {
   train::ParamStore store;
-  const auto a = store.add({"a", {3, 5}, train::ParamInit::kNormal, 0.02f, true});
-  const auto b = store.add({"b", {7}, train::ParamInit::kZeros, 0.0f, false});
-  const auto c = store.add({"c", {128, 2}, train::ParamInit::kOnes, 0.0f, false});
+  auto spec = [](const char* name, std::vector<int64_t> shape, train::ParamInit init, float stddev,
+                 bool decay) {
+    train::ParamSpec s;
+    s.name = name, s.shape = std::move(shape), s.init = init, s.stddev = stddev;
+    s.weight_decay = decay;
+    return s;
+  };
+  const auto a = store.add(spec("a", {3, 5}, train::ParamInit::kNormal, 0.02f, true));
+  const auto b = store.add(spec("b", {7}, train::ParamInit::kZeros, 0.0f, false));
+  const auto c = store.add(spec("c", {128, 2}, train::ParamInit::kOnes, 0.0f, false));
   EXPECT_EQ(store.offset(a), 0);
   EXPECT_EQ(store.offset(b), 128);
   EXPECT_EQ(store.offset(c), 256);
