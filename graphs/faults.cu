@@ -11,6 +11,12 @@ namespace replay::graphs {
 namespace {
 
 constexpr int kProbe = 4;  // floats the planted kernels write
+// buffers_: probe, input A, input B, replay-order's scratch (kProbe floats each), then
+// shape-change's input (kLongInput floats, all 1).
+constexpr int kScratch = 3 * kProbe;
+constexpr int kLongInput = 2 * kProbe;
+constexpr int kLongInputAt = 4 * kProbe;
+constexpr int kBufferFloats = kLongInputAt + kLongInput;
 
 // probe = value, broadcast: what a kernel that takes a changing scalar by value records.
 __global__ void fault_store_value_kernel(float* probe, float value) {
@@ -34,6 +40,20 @@ __global__ void fault_copy_kernel(float* probe, const float* input) {
 // probe += 1: visible only where the kernel really ran.
 __global__ void fault_count_kernel(float* probe) {
   if (threadIdx.x < kProbe) probe[threadIdx.x] += 1.0f;
+}
+
+// probe = the sum of input[0..n), n passed by value (the size a graph keeps from its capture).
+__global__ void fault_sum_kernel(float* probe, const float* input, int n) {
+  if (threadIdx.x < kProbe) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += input[i];
+    probe[threadIdx.x] = sum;
+  }
+}
+
+// probe = 2 * scratch: replay-order's reader of what the writer (fault_count_kernel) left there.
+__global__ void fault_double_kernel(float* probe, const float* scratch) {
+  if (threadIdx.x < kProbe) probe[threadIdx.x] = 2.0f * scratch[threadIdx.x];
 }
 
 // grads[0..count) = +Inf in the step whose iteration is `at`.
@@ -72,6 +92,16 @@ const std::vector<FaultInfo>& fault_catalogue() {
       {Fault::kOverflow, "overflow",
        "step 2's gradients made infinite (an fp16 overflow): the found-inf check skips exactly "
        "that update, the weights stay, the loss scale backs off (needs --steps 3 or more)"},
+      {Fault::kHostBranch, "host-branch",
+       "an if/else the host chooses per step (accumulate or reset): the graph replays the branch "
+       "taken at capture, --verify-graphs names the output"},
+      {Fault::kShapeChange, "shape-change",
+       "the region's input alternates between 4 and 8 elements (a variable-length batch): the "
+       "argument check names region, argument and both shapes before the replay"},
+      {Fault::kReplayOrder, "replay-order",
+       "two layer regions share a scratch buffer, the first writes it, the second reads it; the "
+       "graphs hold the read before the write (replayed out of capture order): --verify-graphs "
+       "names the output"},
   };
   return faults;
 }
@@ -101,9 +131,14 @@ const char* fault_name(Fault fault) {
 }
 
 FaultInjector::FaultInjector(Fault fault, uint64_t seed) : fault_(fault), seed_(seed) {
-  REPLAY_CUDA_CHECK(cudaMalloc(&buffers_, 3 * kProbe * sizeof(float)));
-  // Probe 0; both inputs the same bytes, so reading either gives the same result.
-  REPLAY_CUDA_CHECK(cudaMemset(buffers_, 0, 3 * kProbe * sizeof(float)));
+  REPLAY_CUDA_CHECK(cudaMalloc(&buffers_, kBufferFloats * sizeof(float)));
+  // Probe and scratch 0; both inputs the same bytes, so reading either gives the same result.
+  REPLAY_CUDA_CHECK(cudaMemset(buffers_, 0, kBufferFloats * sizeof(float)));
+  if (fault_ == Fault::kShapeChange) {
+    const std::vector<float> ones(kLongInput, 1.0f);
+    REPLAY_CUDA_CHECK(cudaMemcpy(buffers_ + kLongInputAt, ones.data(), kLongInput * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+  }
   if (fault_ == Fault::kUnjoinedStream) {
     REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
@@ -117,7 +152,7 @@ FaultInjector::~FaultInjector() {
   if (buffers_) cudaFree(buffers_);
 }
 
-void FaultInjector::add_args(RegionArgs& args) {
+void FaultInjector::add_args(RegionArgs& args, int site) {
   if (fault_ == Fault::kNone || fault_ == Fault::kCollectiveMismatch ||
       fault_ == Fault::kRankStall || fault_ == Fault::kOverflow)
     return;
@@ -129,9 +164,19 @@ void FaultInjector::add_args(RegionArgs& args) {
     args_calls_ += 1;
     args.read("fault.input", TensorView(input, DType::kFP32, {kProbe}));
   }
+  if (fault_ == Fault::kShapeChange) {
+    // The bug: the batch's length changes from step to step (8, 4, 8, ... elements of one buffer),
+    // where a graph keeps the length it was captured with.
+    const int64_t n = args_calls_ % 2 == 0 ? kLongInput : kProbe;
+    args_calls_ += 1;
+    args.read("fault.input", TensorView(buffers_ + kLongInputAt, DType::kFP32, {n}));
+  }
+  if (fault_ == Fault::kReplayOrder)
+    args.read_write("fault.scratch", TensorView(buffers_ + kScratch, DType::kFP32, {kProbe}));
+  (void)site;  // both replay-order sites declare the same buffers
 }
 
-void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
+void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args, int site) {
   float* probe = buffers_;
   switch (fault_) {
     case Fault::kNone:
@@ -180,6 +225,42 @@ void FaultInjector::enqueue(cudaStream_t stream, const RegionArgs& args) {
       fault_count_kernel<<<1, 32, 0, cudaStreamLegacy>>>(probe);
       REPLAY_LAUNCH_CHECK();
       return;
+    case Fault::kHostBranch:
+      // `if (step % 2 == 0) accumulate; else reset;` decided on the host: a graph holds the one
+      // branch it was captured with and replays it every step.
+      host_counter_ += 1;
+      if (host_counter_ % 2 == 0) {
+        fault_count_kernel<<<1, 32, 0, stream>>>(probe);
+      } else {
+        fault_store_value_kernel<<<1, 32, 0, stream>>>(probe, 0.0f);
+      }
+      REPLAY_LAUNCH_CHECK();
+      return;
+    case Fault::kShapeChange: {
+      // The kernel's size from the input's shape, passed by value: a graph keeps the captured one.
+      const TensorView& input = args["fault.input"];
+      fault_sum_kernel<<<1, 32, 0, stream>>>(probe, static_cast<const float*>(input.data),
+                                             static_cast<int>(input.numel()));
+      REPLAY_LAUNCH_CHECK();
+      return;
+    }
+    case Fault::kReplayOrder: {
+      // Eagerly, in step order: site 0 advances the shared scratch (the writer), site 1 reads it.
+      // Captured, the sites swap: the graphs hold the read before the write, as when the second
+      // region's graph is replayed before the first's, and the read sees the previous step's
+      // scratch (guide N14).
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      REPLAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+      const bool writer = (site == 0) == (capturing != cudaStreamCaptureStatusActive);
+      float* scratch = buffers_ + kScratch;
+      if (writer) {
+        fault_count_kernel<<<1, 32, 0, stream>>>(scratch);
+      } else {
+        fault_double_kernel<<<1, 32, 0, stream>>>(probe, scratch);
+      }
+      REPLAY_LAUNCH_CHECK();
+      return;
+    }
   }
 }
 

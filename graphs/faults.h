@@ -27,6 +27,9 @@ enum class Fault {
   kCollectiveMismatch,  // data parallel: rank 1 captures one extra all-reduce (train/trainer.cpp)
   kRankStall,           // multi-GPU: rank 1 stops enqueuing before step 2 (train/trainer.cpp)
   kOverflow,            // step kOverflowStep's gradients made infinite (train/trainer.cpp)
+  kHostBranch,          // a host if/else chosen per step, frozen at capture (N1)
+  kShapeChange,         // the region's input changes shape after capture (N5)
+  kReplayOrder,         // two regions sharing scratch, the reader replayed before the writer (N14)
 };
 
 // --inject overflow: the step (0-based, counted from the first timed step) whose gradients are made
@@ -57,15 +60,20 @@ class FaultInjector {
   FaultInjector& operator=(const FaultInjector&) = delete;
 
   Fault fault() const { return fault_; }
+  // Regions the fault is planted in: 2 for replay-order (site 0 writes the shared scratch, site 1,
+  // a later layer region, reads it), 1 for the others.
+  int sites() const { return fault_ == Fault::kReplayOrder ? 2 : 1; }
 
-  // Adds the planted operation's arguments to the region's: "fault.probe" (written: the four floats
-  // the planted kernel writes, so --verify-graphs compares them) and, for stale-input,
-  // "fault.input" (read), which each call hands out as the other of two identical buffers (a
-  // double-buffered input).
-  void add_args(RegionArgs& args);
+  // Adds the planted operation's arguments to the region's (`site`: which of sites() regions):
+  // "fault.probe" (written: the four floats the planted kernel writes, so --verify-graphs compares
+  // them); for stale-input "fault.input" (read), which each call hands out as the other of two
+  // identical buffers (a double-buffered input); for shape-change "fault.input" (read) with 4 and 8
+  // elements on alternate calls (a variable-length batch); for replay-order "fault.scratch"
+  // (read-write, the buffer both sites share).
+  void add_args(RegionArgs& args, int site = 0);
   // Enqueues the planted operation at the end of the region's work on `stream`; `args` are the
   // region's arguments of this run (those add_args contributed among them).
-  void enqueue(cudaStream_t stream, const RegionArgs& args);
+  void enqueue(cudaStream_t stream, const RegionArgs& args, int site = 0);
   // --inject overflow (nothing for the other faults): a one-block kernel that sets the first four
   // gradients to +Inf when *iteration == kOverflowStep. The trainer calls it before the gradient
   // norm, whose found-inf check must then skip the update and back the loss scale off.
@@ -75,9 +83,9 @@ class FaultInjector {
  private:
   Fault fault_;
   uint64_t seed_;
-  float* buffers_ = nullptr;  // probe [4], input A [4], input B [4]
-  int64_t host_counter_ = 0;  // scalar-by-value's step and rng-by-value's offset, kept on the host
-  int64_t args_calls_ = 0;    // stale-input: which input buffer add_args hands out
+  float* buffers_ = nullptr;  // probe [4], input A [4], input B [4], scratch [4], input [8]
+  int64_t host_counter_ = 0;  // scalar-by-value's step, rng-by-value's offset, host-branch's step
+  int64_t args_calls_ = 0;    // stale-input: which input buffer; shape-change: which shape
   cudaStream_t side_ = nullptr;  // unjoined-stream
   cudaEvent_t fork_ = nullptr;
 };

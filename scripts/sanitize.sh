@@ -57,15 +57,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# One run: --one TOOL WORKLOAD MODE, with the settings in the environment.
+# One run: --one TOOL WORKLOAD MODE INDEX, with the settings in the environment.
 if [ "${SANITIZE_ONE:-}" = 1 ]; then
-  tool=$1 wl=$2 mode=$3
+  tool=$1 wl=$2 mode=$3 index=${4:-0}
   base="$SANITIZE_OUT/${tool}_${wl}_${mode}"
   if [ "$SANITIZE_END" -gt 0 ] && [ "$(date +%s)" -ge "$SANITIZE_END" ]; then
     echo "$tool $wl $mode (the deadline passed before it started)" >> "$SANITIZE_OUT/not_run.txt"
     exit 0
   fi
-  args=(--tool "$tool" --print-limit 1000)
+  # Each run its own base port for the sanitizer's connection to its target (runs in parallel).
+  args=(--tool "$tool" --print-limit 1000 --port $(( 49152 + 16 * index )))
   [ "$tool" = memcheck ] && args+=(--leak-check full)
   [ "$SANITIZE_SCOPE" = replay ] && args+=(--kernel-name regex:6replay)
   limit=$SANITIZE_TIMEOUT
@@ -99,8 +100,10 @@ for m in $modes; do
 done
 if [ -z "$sanitizer" ]; then
   sanitizer=$(command -v compute-sanitizer || true)
-  [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] &&
-    sanitizer=/usr/local/cuda/bin/compute-sanitizer
+  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+           /usr/local/cuda-*/bin/compute-sanitizer /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+    [ -z "$sanitizer" ] && [ -x "$c" ] && sanitizer=$c
+  done
 fi
 [ -n "$sanitizer" ] && [ -x "$sanitizer" ] ||
   { echo "sanitize.sh: compute-sanitizer not found (give --sanitizer PATH)" >&2; exit 2; }
@@ -127,6 +130,9 @@ done
 wait
 
 # Every tool x workload x mode, the tools in the order given (memcheck and initcheck first by default).
-for t in $tools; do for w in $workloads; do for m in $modes; do echo "$t $w $m"; done; done; done |
+i=0
+for t in $tools; do for w in $workloads; do for m in $modes; do
+  echo "$t $w $m $i"; i=$(( i + 1 ))
+done; done; done |
   xargs -P "$jobs" -L 1 bash "$0" --one
 python3 scripts/sanitize_summary.py "$out"

@@ -266,7 +266,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.mode = graphs::parse_graph_mode(f.graphs);
   topt.warmup = f.warmup;
   topt.seed = f.seed;
-  topt.measure_peak = options.measure_peak;
+  topt.measure_peak = options.measure_peak && !f.skip_peak;
   topt.fault = graphs::parse_fault(f.inject);
   topt.evaluate = f.eval_interval > 0;
   topt.data_parallel = dp_comm.get();

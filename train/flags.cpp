@@ -149,6 +149,9 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
   app.add_option("--comm-timeout-s", f.comm_timeout_s,
                  "give up a wait for the other ranks after this many seconds (NCCL abort)")
       ->check(number_in(1.0, 1e6));
+  app.add_flag("--skip-peak", f.skip_peak,
+               "skip the start-up bf16 GEMM peak measurement (no MFU in the output; for "
+               "compute-sanitizer runs, scripts/sanitize.sh)");
   app.add_flag("--print-config", f.print_config,
                "print the resolved configuration as JSON and exit (no GPU needed)");
   if (add_own) add_own(app);

@@ -2,7 +2,8 @@
 // --warmup, --seed, --data, --json, --mllog, --verify-graphs, --host-delay-us, --log-interval,
 // --device, --inject, --eval-interval, --eval-samples, --target-quality, --target-above-floor,
 // --save, --save-interval,
-// --load, --dump-step, --tp, --dp, --comm-timeout-s, --print-config, and the schedule's --lr,
+// --load, --skip-peak, --dump-step, --tp, --dp, --comm-timeout-s, --print-config, and the
+// schedule's --lr,
 // --min-lr,
 // --warmup-steps,
 // --decay-steps), parsed with CLI11 together with the flags a workload adds for itself (--layers,
@@ -42,6 +43,7 @@ struct RunFlags {
   int64_t eval_interval = 0;    // steps between evaluations (and one after the last step); 0: none
   int64_t eval_samples = 0;     // held-out samples per evaluation; 0: the workload's default
   bool print_config = false;    // print the resolved configuration as JSON and exit
+  bool skip_peak = false;       // no start-up bf16 GEMM peak measurement (no MFU; sanitizers)
   double target_quality = NAN;  // stop at the first evaluation that reaches it (time to train)
   double target_above_floor = NAN;  // the same, at the data's loss floor + this (synthetic data)
   std::string save;                 // checkpoint directory (train/checkpoint.h); empty: none

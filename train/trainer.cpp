@@ -92,15 +92,15 @@ void Trainer::allocate() {
 
 // NVTX range and the region's name in its errors; the planted fault, when there is one, at the end
 // of the region's work, with its arguments.
-graphs::Region Trainer::wrap(graphs::Region r, bool planted) {
-  graphs::FaultInjector* inject = planted ? injector_.get() : nullptr;
+graphs::Region Trainer::wrap(graphs::Region r, int site) {
+  graphs::FaultInjector* inject = site >= 0 ? injector_.get() : nullptr;
   auto work = std::move(r.enqueue);
-  r.enqueue = [name = r.name, inject, work = std::move(work)](cudaStream_t s,
-                                                              const graphs::RegionArgs& a) {
+  r.enqueue = [name = r.name, inject, site, work = std::move(work)](cudaStream_t s,
+                                                                    const graphs::RegionArgs& a) {
     nvtxRangePushA(name.c_str());
     try {
       work(s, a);
-      if (inject) inject->enqueue(s, a);
+      if (inject) inject->enqueue(s, a, site);
     } catch (const Error& e) {
       nvtxRangePop();
       throw Error(e.library(), e.status(), "region '" + name + "': " + e.what());
@@ -109,9 +109,9 @@ graphs::Region Trainer::wrap(graphs::Region r, bool planted) {
   };
   if (inject) {
     auto args = std::move(r.args);
-    r.args = [inject, args = std::move(args)] {
+    r.args = [inject, site, args = std::move(args)] {
       graphs::RegionArgs a = args ? args() : graphs::RegionArgs{};
-      inject->add_args(a);
+      inject->add_args(a, site);
       return a;
     };
   }
@@ -125,7 +125,7 @@ void Trainer::build_step_plan() {
 
   std::vector<graphs::Region> regions = model_.regions();
   REPLAY_REQUIRE(!regions.empty(), "the model's step has no regions");
-  size_t planted = regions.size();
+  size_t planted = regions.size(), second = regions.size();
   if (injector_) {
     planted = 0;
     for (size_t i = 0; i < regions.size(); ++i)
@@ -139,14 +139,22 @@ void Trainer::build_step_plan() {
                     : options_.fault == graphs::Fault::kRankStall
                         ? std::string("the step loop of rank 1, before step 2")
                         : regions[planted].name;
+    if (injector_->sites() > 1) {  // replay-order: the next layer region reads what `planted` wrote
+      for (size_t i = planted + 1; i < regions.size() && second == regions.size(); ++i)
+        if (regions[i].kind != graphs::RegionKind::kOther) second = i;
+      REPLAY_REQUIRE(second < regions.size(), std::string("--inject ") +
+                                                  graphs::fault_name(options_.fault) +
+                                                  ": the step needs two layer regions");
+      fault_region_ += ", " + regions[second].name;
+    }
   }
   for (size_t i = 0; i < regions.size(); ++i)
-    step_plan_->add_region(wrap(std::move(regions[i]), i == planted));
+    step_plan_->add_region(wrap(std::move(regions[i]), i == planted ? 0 : i == second ? 1 : -1));
   graphs::Region opt;
   opt.name = "optimizer";
   opt.enqueue = [this](cudaStream_t s, const graphs::RegionArgs&) { optimizer_step(s); };
   opt.args = [this] { return optimizer_args(); };
-  step_plan_->add_region(wrap(std::move(opt), false));
+  step_plan_->add_region(wrap(std::move(opt), -1));
 
   // What carries from one step to the next: parameters, master weights and Adam's moments, which
   // the warm-up hold keeps the optimizer from touching, and the step scalars, saved and restored.
@@ -170,7 +178,7 @@ void Trainer::build_eval_plan() {
   o.warmup_steps =
       options_.warmup > 0 ? 1 : 0;  // the eval regions' libraries warm up outside capture
   eval_plan_ = std::make_unique<graphs::StepPlan>("eval", o);
-  for (graphs::Region& r : model_.eval_regions()) eval_plan_->add_region(wrap(std::move(r), false));
+  for (graphs::Region& r : model_.eval_regions()) eval_plan_->add_region(wrap(std::move(r), -1));
 }
 
 // The sync-free optimizer, in step_scalars.h's order. The grad norm sets found_inf when a gradient

@@ -14,7 +14,8 @@
 //
 // Every region runs inside an NVTX range named after it, and an error it raises names it (a capture
 // its call refuses says which region, in full mode too). --inject plants its fault at the end of
-// the first forward-layer region (the first region when the model has none).
+// the first forward-layer region (the first region when the model has none); replay-order also at
+// the end of the next layer region.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -132,7 +133,8 @@ class Trainer {
  private:
   void build_step_plan();
   void build_eval_plan();
-  graphs::Region wrap(graphs::Region region, bool planted);
+  // `site`: which of the fault's sites the region is (FaultInjector::sites()); -1: none.
+  graphs::Region wrap(graphs::Region region, int site);
   void optimizer_step(cudaStream_t stream) const;
   bool stalls_here() const;  // --inject rank-stall: this process is the one that stalls
   graphs::RegionArgs optimizer_args() const;

@@ -59,6 +59,7 @@ TEST(RunFlags, DefaultsAndEveryFlag) {
   EXPECT_EQ(d.log_interval, 10);
   EXPECT_FALSE(d.verify_graphs);
   EXPECT_FALSE(d.print_config);
+  EXPECT_FALSE(d.skip_peak);
   EXPECT_EQ(d.eval_interval, 0);
   EXPECT_TRUE(std::isnan(d.lr) && std::isnan(d.min_lr));
   EXPECT_EQ(d.warmup_steps, -1);
@@ -103,6 +104,7 @@ TEST(RunFlags, DefaultsAndEveryFlag) {
                             "--decay-steps",
                             "900",
                             "--print-config",
+                            "--skip-peak",
                             "--width",
                             "64"},
                            &own);
@@ -126,6 +128,7 @@ TEST(RunFlags, DefaultsAndEveryFlag) {
   EXPECT_EQ(f.warmup_steps, 3);
   EXPECT_EQ(f.decay_steps, 900);
   EXPECT_TRUE(f.print_config);
+  EXPECT_TRUE(f.skip_peak);
   EXPECT_EQ(own.width, 64);
   const std::string text = describe(f);
   EXPECT_TRUE(has(text, "# graphs: layer\n")) << text;

@@ -20,7 +20,7 @@ std::optional<train::RunFlags> parse(const std::vector<std::string>& args) {
 }
 
 TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
-  ASSERT_EQ(graphs::fault_catalogue().size(), 10u);
+  ASSERT_EQ(graphs::fault_catalogue().size(), 13u);
   for (const graphs::FaultInfo& f : graphs::fault_catalogue()) {
     const auto flags = parse({"--inject", f.name});
     ASSERT_TRUE(flags.has_value());
@@ -32,6 +32,33 @@ TEST(InjectFlag, EveryListedFaultParsesAndHasAHook) {
   }
   EXPECT_EQ(graphs::parse_fault(""), graphs::Fault::kNone);
   EXPECT_THROW(graphs::parse_fault("no-such-fault"), Error);
+}
+
+TEST(InjectFlag, TheGuidesFrozenBranchShapeAndOrderFaultsSayWhoDetectsThem) {
+  // N1, N5, N14: each parses to its own Fault, and its line names the diagnostic that catches it.
+  const struct {
+    const char* name;
+    graphs::Fault fault;
+    const char* detector;
+  } expected[] = {{"host-branch", graphs::Fault::kHostBranch, "--verify-graphs"},
+                  {"shape-change", graphs::Fault::kShapeChange, "argument check"},
+                  {"replay-order", graphs::Fault::kReplayOrder, "--verify-graphs"}};
+  const std::string listing = graphs::describe_faults();
+  for (const auto& e : expected) {
+    SCOPED_TRACE(e.name);
+    EXPECT_EQ(graphs::parse_fault(e.name), e.fault);
+    const auto flags = parse({"--inject", e.name, "--graphs", "layer"});
+    ASSERT_TRUE(flags.has_value());
+    EXPECT_EQ(flags->inject, e.name);
+    bool found = false;
+    for (const graphs::FaultInfo& f : graphs::fault_catalogue())
+      if (f.fault == e.fault) {
+        found = true;
+        EXPECT_TRUE(has(f.what, e.detector)) << f.what;
+      }
+    EXPECT_TRUE(found);
+    EXPECT_TRUE(has(listing, std::string("  ") + e.name + " ")) << listing;
+  }
 }
 
 TEST(InjectFlag, UnknownFaultAndHelpAreUsageErrorsListingTheFaults) {
