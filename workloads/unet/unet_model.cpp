@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <climits>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "common/attention.h"
 #include "common/check.h"
@@ -97,6 +99,57 @@ struct Tensor {
 
 struct Node;
 
+// --op-times: CUDA events after every node's forward and backward in eager mode; the time between
+// an event and the one before it (within a region) is that node's, summed per op class. Events are
+// read back at every load_batch (a host sync: a diagnostic, never a timed run's default) or when
+// the pool is full, and the totals written to a file when the model is destroyed.
+struct OpTimer {
+  static constexpr int kBoundary = -1;  // a region's start: the time before it is nobody's
+  std::string path;
+  std::vector<cudaEvent_t> events;
+  std::vector<int> classes;  // of each recorded event: the node's op class, or kBoundary
+  size_t used = 0;
+  std::array<double, kOpClasses> ms{};
+  std::array<int64_t, kOpClasses> calls{};
+  int64_t steps = 0;  // region "input.fwd" starts seen: steps run, warm-up included
+
+  OpTimer(std::string file, size_t pool) : path(std::move(file)), classes(pool, kBoundary) {
+    for (size_t i = 0; i < pool; ++i) {
+      cudaEvent_t e = nullptr;
+      REPLAY_CUDA_CHECK(cudaEventCreate(&e));
+      events.push_back(e);
+    }
+  }
+  ~OpTimer() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+  void mark(int op_class, cudaStream_t s) {
+    if (used == events.size()) collect();
+    REPLAY_CUDA_CHECK(cudaEventRecord(events[used], s));
+    classes[used] = op_class;
+    used += 1;
+  }
+  // Waits for the recorded events, adds their intervals, keeps the last as the next one's start.
+  void collect() {
+    if (used == 0) return;
+    REPLAY_CUDA_CHECK(cudaEventSynchronize(events[used - 1]));
+    for (size_t i = 1; i < used; ++i) {
+      const int c = classes[i];
+      if (c == kBoundary) continue;
+      float t = 0;
+      REPLAY_CUDA_CHECK(cudaEventElapsedTime(&t, events[i - 1], events[i]));
+      ms[static_cast<size_t>(c)] += t;
+      calls[static_cast<size_t>(c)] += 1;
+    }
+    std::swap(events[0], events[used - 1]);
+    classes[0] = kBoundary;
+    used = 1;
+  }
+};
+
 struct UnetModel::Impl {
   // ctx null: the structure and parameters only, no plans (parameter counts on the CPU).
   Impl(const Context* c, const UnetConfig& cfg, std::shared_ptr<const UnetData> d, int64_t at)
@@ -137,6 +190,7 @@ struct UnetModel::Impl {
   std::vector<int64_t> rows;                // the samples of the batch being loaded
   int64_t next_batch = 0;
   double flops = 0;
+  std::unique_ptr<OpTimer> timer;  // --op-times only
 
   int tensor(const std::string& name, DType dtype, int64_t rows, int64_t cols, bool grad) {
     Tensor t;
@@ -167,6 +221,7 @@ struct Node {
   std::vector<int> ins, outs, bwd_reads;
   std::vector<bool> acc;
   train::ParamId p_first = -1, p_last = -1;
+  OpClass op_class = OpClass::kPointwise;  // --op-times
   virtual void forward(UnetModel::Impl& m, cudaStream_t s) = 0;
   virtual void backward(UnetModel::Impl& m, cudaStream_t s) = 0;
   virtual double flops() const { return 0; }  // forward and backward
@@ -500,16 +555,18 @@ struct Builder {
     return raw;
   }
 
-  // x [N * H * W, Cin] -> [N * P * Q, Cout]
+  // x [N * H * W, Cin] -> [N * P * Q, Cout]. zero: weight and bias start at zero (the reference's
+  // zero_module: a residual block's second convolution, conv_out).
   int conv(const std::string& name, int x, int64_t H, int64_t cin, int64_t cout, int64_t kernel,
-           int64_t stride) {
+           int64_t stride, bool zero = false) {
     ConvDesc d;
     d.batch = N, d.height = H, d.width = H, d.in_channels = cin, d.out_channels = cout;
     d.kernel = kernel, d.stride = stride, d.padding = kernel / 2, d.dtype = dt, d.bias = true;
     const int y = m.tensor(name, dt, N * d.out_height() * d.out_width(), cout, true);
     auto* n = node<ConvNode>(name, {x}, {y});
     n->d = d;
-    n->w = param(name + ".weight", {cout, kernel, kernel, cin}, train::ParamInit::kNormal,
+    n->w = param(name + ".weight", {cout, kernel, kernel, cin},
+                 zero ? train::ParamInit::kZeros : train::ParamInit::kNormal,
                  static_cast<double>(cin * kernel * kernel), true);
     n->b = param(name + ".bias", {cout}, train::ParamInit::kZeros, 1, false);
     n->p_first = n->w, n->p_last = n->b;
@@ -553,14 +610,17 @@ struct Builder {
     return y;
   }
 
-  int linear(const std::string& name, int x, int64_t in, int64_t out, bool bias) {
+  // zero: weight (and bias) start at zero (the reference's zero_module: proj_out).
+  int linear(const std::string& name, int x, int64_t in, int64_t out, bool bias,
+             bool zero = false) {
     const int64_t rows = m.T(x).rows;
     const int y = m.tensor(name, dt, rows, out, true);
     auto* n = node<LinearNode>(name, {x}, {y});
     n->bwd_reads = {x};
     n->rows = rows, n->in = in, n->out = out;
-    n->w = param(name + ".weight", {out, in}, train::ParamInit::kNormal, static_cast<double>(in),
-                 true);
+    n->w = param(name + ".weight", {out, in},
+                 zero ? train::ParamInit::kZeros : train::ParamInit::kNormal,
+                 static_cast<double>(in), true);
     n->p_first = n->p_last = n->w;
     if (bias) {
       n->b = param(name + ".bias", {out}, train::ParamInit::kZeros, 1, false);
@@ -607,7 +667,7 @@ struct Builder {
     m.cbias_ws_bytes =
         std::max(m.cbias_ws_bytes, channel_bias_backward_workspace_bytes(N, P, cout));
     h = norm(p + ".norm2", hb, N, P, cout, g, 1e-5f, true);
-    h = conv(p + ".conv2", h, H, cout, cout, 3, 1);
+    h = conv(p + ".conv2", h, H, cout, cout, 3, 1, true);
     const int shortcut = cin == cout ? x : conv(p + ".conv_shortcut", x, H, cin, cout, 1, 1);
     return sum(p + ".out", shortcut, h);
   }
@@ -659,7 +719,7 @@ struct Builder {
     gg->rows = rows, gg->f = static_cast<int>(4 * C);
     a = linear(b + ".ff.net.2", ff, 4 * C, C, true);
     h = sum(b + ".ff.residual", h, a);
-    h = linear(p + ".proj_out", h, C, C, true);
+    h = linear(p + ".proj_out", h, C, C, true, true);
     return sum(p + ".out", h, x);
   }
 };
@@ -765,7 +825,7 @@ void UnetModel::Impl::build() {
   blocks.push_back("out");
   block = static_cast<int>(blocks.size()) - 1;
   h = b.norm("conv_norm_out", h, N, H * H, ch, c.groups, 1e-5f, true);
-  pred = b.conv("conv_out", h, H, ch, C0, 3, 1);
+  pred = b.conv("conv_out", h, H, ch, C0, 3, 1, true);
 
   block = static_cast<int>(blocks.size());  // the loss
   auto* loss = b.node<LossNode>("loss", {pred, v_target}, {});
@@ -820,6 +880,21 @@ void UnetModel::Impl::finish() {
   }
   flops = 0;
   for (const auto& n : nodes) flops += n->flops();
+  // The op class of each node (--op-times), from its type and, for a norm, its now-set shape.
+  for (auto& n : nodes) {
+    if (dynamic_cast<const ConvNode*>(n.get())) {
+      n->op_class = OpClass::kConv;
+    } else if (const auto* g = dynamic_cast<const GroupNormNode*>(n.get())) {
+      n->op_class = g->shape.pixels == 1 ? OpClass::kLayerNorm : OpClass::kGroupNorm;
+    } else if (dynamic_cast<const AttentionNode*>(n.get())) {
+      n->op_class = OpClass::kAttention;
+    } else if (dynamic_cast<const LinearNode*>(n.get())) {
+      n->op_class = OpClass::kLinear;
+    } else if (dynamic_cast<const SampleNode*>(n.get()) ||
+               dynamic_cast<const TimestepNode*>(n.get()) || dynamic_cast<const LossNode*>(n.get())) {
+      n->op_class = OpClass::kDiffusion;
+    }
+  }
 }
 
 // ---- UnetModel
@@ -842,7 +917,66 @@ UnetModel::UnetModel(const Context& ctx, const UnetConfig& config,
 }
 
 UnetModel::~UnetModel() {
+  if (impl_ && impl_->timer) {
+    try {
+      write_op_times();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "--op-times: %s\n", e.what());
+    }
+    impl_->timer.reset();
+  }
   if (impl_ && impl_->host) cudaFreeHost(impl_->host);
+}
+
+const char* op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::kConv:
+      return "convolution";
+    case OpClass::kGroupNorm:
+      return "group_norm";
+    case OpClass::kLayerNorm:
+      return "layer_norm";
+    case OpClass::kAttention:
+      return "attention";
+    case OpClass::kLinear:
+      return "linear";
+    case OpClass::kPointwise:
+      return "pointwise";
+    case OpClass::kDiffusion:
+      return "diffusion";
+  }
+  return "?";
+}
+
+void UnetModel::time_ops(const std::string& path) {
+  Impl& m = *impl_;
+  REPLAY_REQUIRE(!path.empty(), "--op-times: no file");
+  // One step's events: a start per region, one per node forward and one per node backward.
+  const size_t pool = 2 * m.nodes.size() + 2 * m.blocks.size() + 8;
+  m.timer = std::make_unique<OpTimer>(path, pool);
+}
+
+void UnetModel::write_op_times() {
+  OpTimer& t = *impl_->timer;
+  t.collect();
+  std::FILE* f = std::fopen(t.path.c_str(), "w");
+  if (f == nullptr) throw Error("replay-unet", "io", "--op-times: cannot write " + t.path);
+  const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
+  double total = 0;
+  for (double v : t.ms) total += v;
+  std::fprintf(f, "{\n  \"steps\": %" PRId64 ",\n  \"model_ms_per_step\": %.4f,\n", t.steps,
+               total / steps);
+  std::fprintf(f, "  \"classes\": {\n");
+  for (int c = 0; c < kOpClasses; ++c) {
+    const auto i = static_cast<size_t>(c);
+    std::fprintf(f, "    \"%s\": {\"ms_per_step\": %.4f, \"calls_per_step\": %.1f}%s\n",
+                 op_class_name(static_cast<OpClass>(c)), t.ms[i] / steps,
+                 static_cast<double>(t.calls[i]) / steps, c + 1 < kOpClasses ? "," : "");
+  }
+  std::fprintf(f, "  }\n}\n");
+  if (std::fclose(f) != 0) throw Error("replay-unet", "io", "--op-times: cannot write " + t.path);
+  std::fprintf(stderr, "# op times: %s (%.1f ms of model ops a step over %" PRId64 " steps)\n",
+               t.path.c_str(), total / steps, t.steps);
 }
 
 std::string UnetModel::describe() const {
@@ -878,7 +1012,10 @@ UnetStructure unet_structure(const UnetConfig& config) {
   for (int i = 0; i < m.params.count(); ++i) {
     s.parameter_names.push_back(m.params.spec(i).name);
     s.parameter_sizes.push_back(m.params.numel(i));
+    s.parameter_init.push_back(m.params.spec(i).init);
   }
+  s.nodes_per_class.assign(kOpClasses, 0);
+  for (const auto& n : m.nodes) s.nodes_per_class[static_cast<size_t>(n->op_class)] += 1;
   ArenaPlan plan;
   m.plan_buffers(plan);
   plan.plan();
@@ -1042,8 +1179,15 @@ std::vector<graphs::Region> UnetModel::regions() {
     r.name = m.blocks[static_cast<size_t>(b)] + ".fwd";
     r.kind = graphs::RegionKind::kForwardLayer;
     const std::vector<Node*> nodes = by_block[static_cast<size_t>(b)];
-    r.enqueue = [&m, nodes](cudaStream_t s, const graphs::RegionArgs&) {
-      for (Node* n : nodes) n->forward(m, s);
+    r.enqueue = [&m, nodes, b](cudaStream_t s, const graphs::RegionArgs&) {
+      if (m.timer) {
+        m.timer->mark(OpTimer::kBoundary, s);
+        if (b == 0) m.timer->steps += 1;
+      }
+      for (Node* n : nodes) {
+        n->forward(m, s);
+        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+      }
     };
     r.args = [fwd_args, nodes] { return fwd_args(nodes).build(); };
     out.push_back(std::move(r));
@@ -1053,8 +1197,15 @@ std::vector<graphs::Region> UnetModel::regions() {
     r.name = "loss";
     const std::vector<Node*> nodes = by_block[static_cast<size_t>(B)];
     r.enqueue = [&m, nodes](cudaStream_t s, const graphs::RegionArgs&) {
-      for (Node* n : nodes) n->forward(m, s);
-      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) (*it)->backward(m, s);
+      if (m.timer) m.timer->mark(OpTimer::kBoundary, s);
+      for (Node* n : nodes) {
+        n->forward(m, s);
+        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+      }
+      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        (*it)->backward(m, s);
+        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+      }
     };
     r.args = [&m, fwd_args, bwd_args, nodes] {
       ArgSet a = bwd_args(nodes, fwd_args(nodes));
@@ -1071,7 +1222,11 @@ std::vector<graphs::Region> UnetModel::regions() {
     r.kind = graphs::RegionKind::kBackwardLayer;
     const std::vector<Node*> nodes = by_block[static_cast<size_t>(b)];
     r.enqueue = [&m, nodes](cudaStream_t s, const graphs::RegionArgs&) {
-      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) (*it)->backward(m, s);
+      if (m.timer) m.timer->mark(OpTimer::kBoundary, s);
+      for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        (*it)->backward(m, s);
+        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+      }
     };
     r.args = [bwd_args, nodes] { return bwd_args(nodes, ArgSet{}).build(); };
     out.push_back(std::move(r));
@@ -1081,6 +1236,7 @@ std::vector<graphs::Region> UnetModel::regions() {
 
 int UnetModel::load_batch(cudaStream_t stream) {
   Impl& m = *impl_;
+  if (m.timer) m.timer->collect();  // the step before: a sync, --op-times only
   const UnetData& d = *m.data;
   const int64_t B = m.config.batch;
   const auto me =

@@ -84,7 +84,9 @@ struct UnetStructure {
   int blocks = 0, nodes = 0;
   double flops_per_step = 0;
   std::vector<std::string> parameter_names;
-  std::vector<int64_t> parameter_sizes;  // elements, same order
+  std::vector<int64_t> parameter_sizes;          // elements, same order
+  std::vector<train::ParamInit> parameter_init;  // same order
+  std::vector<int> nodes_per_class;  // nodes of each OpClass (--op-times), in OpClass order
   // The arena the model plans, its buffers at their lifetimes, without the library workspaces
   // (cuDNN, cuBLASLt: known once plans are built on a GPU), and the largest of those: the
   // deterministic attention backward's, about B x heads x Sq x Skv x 2 bytes.
@@ -92,6 +94,24 @@ struct UnetStructure {
   size_t attention_workspace_bytes = 0;
 };
 UnetStructure unet_structure(const UnetConfig& config);
+
+// The op classes --op-times sums node times over: convolutions (with their bias add, bias gradient
+// and weight-gradient cast), GroupNorm(+SiLU), LayerNorm (the GroupNorm kernels with one group
+// over one token), attention (cuDNN's fused attention, forward and backward), linear layers
+// (cuBLASLt), pointwise ops (SiLU, additions, the timestep bias, GEGLU, upsampling,
+// concatenation), the diffusion ops (noise and timestep sampling, the timestep embedding, the
+// loss).
+enum class OpClass : int {
+  kConv,
+  kGroupNorm,
+  kLayerNorm,
+  kAttention,
+  kLinear,
+  kPointwise,
+  kDiffusion
+};
+constexpr int kOpClasses = 7;
+const char* op_class_name(OpClass c);  // "convolution", "group_norm", ...
 
 class UnetModel : public train::Model {
  public:
@@ -120,6 +140,11 @@ class UnetModel : public train::Model {
   double samples_per_step() const override;
   double loss_floor() const override;
 
+  // --op-times FILE (eager runs only): every node's forward and backward timed with CUDA events,
+  // summed per OpClass, written to FILE as JSON when the model is destroyed. Call before
+  // regions(); the event readback synchronizes at every load_batch.
+  void time_ops(const std::string& path);
+
   // For reports and tests.
   int block_count() const;
   int64_t parameter_count() const;
@@ -128,6 +153,7 @@ class UnetModel : public train::Model {
   struct Impl;
 
  private:
+  void write_op_times();
   std::unique_ptr<Impl> impl_;
 };
 

@@ -72,6 +72,14 @@ void UnetWorkload::add_flags(CLI::App& app) {
       ->check(train::integer_in(-1, train::kMaxInt));
   app.add_option("--batch", batch_flag_, "images per step (0: the preset's)")
       ->check(train::integer_in(0, 1024));
+  app.add_option("--skip-mode", skip_mode_,
+                 "how an overflow step skips the optimizer: noop (the kernels read a device no-op "
+                 "flag and return) or if (an IF conditional node runs them only on clean steps)")
+      ->check(CLI::IsMember({"noop", "if"}));
+  app.add_option("--op-times", op_times_,
+                 "time every op with CUDA events (eager, --graphs none only; syncs every step) "
+                 "and write the time per op class (convolution, GroupNorm, attention, ...) to "
+                 "this JSON file");
 }
 
 void UnetWorkload::resolve(const train::RunFlags& flags) {
@@ -91,6 +99,9 @@ void UnetWorkload::resolve(const train::RunFlags& flags) {
   if (overflow_at_ >= 0 && flags.steps > 0 && overflow_at_ >= flags.steps)
     throw bench::UsageError("--overflow-at " + std::to_string(overflow_at_) +
                             ": the run has only " + std::to_string(flags.steps) + " steps");
+  if (!op_times_.empty() && flags.graphs != "none")
+    throw bench::UsageError("--op-times: times eager ops; give --graphs none (a graph's nodes " +
+                            std::string("cannot be timed one by one with events)"));
   // The generated data: enough training samples for the batch, at least 64.
   data_samples_ = std::max<int64_t>(64, 2 * config_.batch + 16);
 }
@@ -112,7 +123,8 @@ nlohmann::ordered_json UnetWorkload::config() const {
           {"time_embed_dim", c.time_dim()},
           {"prediction", "v"},
           {"timesteps", kTrainTimesteps},
-          {"overflow_at", overflow_at_}};
+          {"overflow_at", overflow_at_},
+          {"skip_mode", skip_mode_}};
 }
 
 std::string UnetWorkload::precision() const {
@@ -130,6 +142,7 @@ train::TrainingConfig UnetWorkload::training() const {
                       std::to_string(config_.batch) +
                       " on one GPU), linear warm-up over 1000 steps, then constant";
   t.clip_norm = 0.0f;  // MLPerf SD does not clip; the norm still finds overflows
+  t.skip_with_if = skip_mode_ == "if";
   if (config_.dtype == DType::kFP16) {
     train::LossScalerConfig s;  // PyTorch GradScaler's, as the reference's AMP uses
     s.init_scale = 65536.0f;
@@ -186,6 +199,11 @@ std::unique_ptr<train::Model> UnetWorkload::build(Context& ctx, const train::Tra
   REPLAY_REQUIRE(data_ != nullptr, "UnetWorkload::build before open_data");
   auto m = std::make_unique<UnetModel>(ctx, config_, data_, overflow_at_, flags.seed);
   std::fprintf(out, "# plans: %s\n", m->plan_summary().c_str());
+  if (!op_times_.empty()) {
+    m->time_ops(op_times_);
+    std::fprintf(out, "# op times: every op timed with CUDA events (syncs every step), to %s\n",
+                 op_times_.c_str());
+  }
   return m;
 }
 

@@ -47,6 +47,8 @@ class UnetWorkload : public train::Workload {
   std::string precision_flag_ = "fp16";
   int64_t overflow_at_ = -1;
   int64_t batch_flag_ = 0;
+  std::string skip_mode_ = "noop";  // --skip-mode: how an overflow step skips the update
+  std::string op_times_;            // --op-times FILE
   std::string preset_;
   UnetConfig config_;
   int64_t data_samples_ = 0;  // the generated file's samples

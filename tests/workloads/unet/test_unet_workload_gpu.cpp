@@ -7,12 +7,21 @@
 //   after 3 steps equal those of a 2-step run without the fault (exactly that step skipped, no
 //   other), the loss scale printed for step 3 is the initial one and for step 4 half of it, and the
 //   four runs agree bit for bit.
+// - UnetInjectOverflow: --inject overflow (the trainer's planted fault: step 2's gradients made
+//   infinite before the norm) with --skip-mode noop and if, in none, layer and full: the weights
+//   (16-bit and fp32 master) after 3 steps equal those after 2 clean steps (before and after the
+//   overflow step), a 4th step moves them, the scale printed for steps 0-2 is 65536 and for step 3
+//   32768, and all six runs agree bit for bit (the IF node changes nothing but what is launched).
+// - UnetOpTimes: --op-times in eager mode writes a time per op class; convolutions, GroupNorm,
+//   attention and linear layers all took time, and their calls per step match the tiny model.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <optional>
 #include <regex>
 #include <string>
@@ -145,6 +154,82 @@ TEST(UnetOverflow, SkipsExactlyThatStepInEveryModeAndHalvesTheScale) {
       expect_identical(*first, fault, mode + " vs none, with the overflow");
     }
   }
+}
+
+TEST(UnetInjectOverflow, SkipsExactlyStep2InEveryModeWithEitherSkipModeAndHalvesTheScale) {
+  std::optional<TinyRun> first;
+  for (const std::string skip : {"noop", "if"}) {
+    for (const std::string mode : {"none", "layer", "full"}) {
+      SCOPED_TRACE(mode + ", --skip-mode " + skip);
+      const TinyRun fault = run_mode(mode, {"--steps", "4", "--inject", "overflow",
+                                            "--log-interval", "1", "--skip-mode", skip});
+      EXPECT_NE(fault.output.find("# inject: overflow, planted in region 'optimizer'"),
+                std::string::npos)
+          << fault.output;
+      const TinyRun three =
+          run_mode(mode, {"--steps", "3", "--inject", "overflow", "--skip-mode", skip});
+      const TinyRun two = run_mode(mode, {"--steps", "2", "--skip-mode", skip});
+      // The weights before the overflow step (2 clean steps) and after it (3 steps, the last
+      // overflowing) are the same bytes: the update was skipped whole.
+      ASSERT_TRUE(three.result.report.weights_hash && two.result.report.weights_hash);
+      EXPECT_EQ(*three.result.report.weights_hash, *two.result.report.weights_hash);
+      EXPECT_EQ(three.result.master_hash, two.result.master_hash);
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_EQ(std::memcmp(&three.result.report.losses[i], &two.result.report.losses[i], 4), 0);
+      // Only that step: step 3 trains again.
+      EXPECT_NE(fault.result.master_hash, two.result.master_hash);
+      EXPECT_NE(*fault.result.report.weights_hash, *two.result.report.weights_hash);
+      const std::vector<double> s = scales(fault.output);
+      ASSERT_EQ(s.size(), 4u) << fault.output;
+      EXPECT_EQ(s[0], 65536.0);
+      EXPECT_EQ(s[1], 65536.0);
+      EXPECT_EQ(s[2], 65536.0);  // the scale step 2 ran with; its overflow halves it
+      EXPECT_EQ(s[3], 32768.0);
+      if (!first) {
+        first = fault;
+      } else {
+        expect_identical(*first, fault, mode + " " + skip + " vs none noop, with the overflow");
+      }
+    }
+  }
+}
+
+// The number after "key": in the op-times file's line for `op` (-1 when absent).
+double op_field(const std::string& json, const std::string& op, const std::string& key) {
+  const std::regex line("\"" + op +
+                        "\": \\{\"ms_per_step\": ([0-9.]+), \"calls_per_step\": ([0-9.]+)\\}");
+  std::smatch m;
+  if (!std::regex_search(json, m, line)) return -1;
+  return std::stod((key == "ms" ? m[1] : m[2]).str());
+}
+
+TEST(UnetOpTimes, EagerRunWritesTimePerOpClass) {
+  const std::string path = ::testing::TempDir() + "unet_op_times.json";
+  std::remove(path.c_str());
+  const TinyRun r = run_mode("none", {"--steps", "3", "--op-times", path});
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "no " << path << "\n" << r.output;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  std::fputs(json.c_str(), stdout);
+  EXPECT_NE(json.find("\"steps\": 5"), std::string::npos) << "2 warm-up and 3 timed steps";
+  for (const char* op : {"convolution", "group_norm", "layer_norm", "attention", "linear",
+                         "pointwise", "diffusion"}) {
+    SCOPED_TRACE(op);
+    EXPECT_GT(op_field(json, op, "ms"), 0.0) << json;
+  }
+  // tiny (2 levels, 2 residual blocks each, transformers at level 0 and in the middle), forward
+  // convolutions: conv_in 1; down 0: 2 resnets x 2; its downsampler 1; down 1: 2 x 2 and one
+  // shortcut; mid: 2 x 2; up 0 and up 1: 3 resnets x (2 + a shortcut) each; the upsampler 1;
+  // conv_out 1: 35, each with a backward.
+  EXPECT_EQ(op_field(json, "convolution", "calls"), 70.0) << json;
+  // Attention: self and cross in 6 transformers (2 down, 1 mid, 3 up), forward and backward.
+  EXPECT_EQ(op_field(json, "attention", "calls"), 24.0) << json;
+  // GroupNorm: 2 per residual block (12), 1 per transformer (6), conv_norm_out; LayerNorm: 3 per
+  // transformer; forward and backward.
+  EXPECT_EQ(op_field(json, "group_norm", "calls"), 2.0 * 31) << json;
+  EXPECT_EQ(op_field(json, "layer_norm", "calls"), 2.0 * 18) << json;
 }
 
 }  // namespace

@@ -129,6 +129,66 @@ TEST(UnetWorkloadFlags, BadFlagsAreRefusedBeforeAnyGpuWork) {
     UnetWorkload w;
     EXPECT_THROW(resolved(w, {"--batch", "-2"}), bench::UsageError);
   }
+  {
+    UnetWorkload w;
+    EXPECT_THROW(resolved(w, {"--skip-mode", "branch"}), bench::UsageError);
+  }
+  for (const char* mode : {"layer", "full"}) {  // events cannot time a graph's nodes one by one
+    UnetWorkload w;
+    try {
+      resolved(w, {"--graphs", mode, "--op-times", "t.json"});
+      ADD_FAILURE() << "no UsageError for --op-times with --graphs " << mode;
+    } catch (const bench::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--graphs none"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(UnetWorkloadFlags, SkipModeChoosesHowTheOptimizerSkipsAnOverflow) {
+  UnetWorkload noop;
+  resolved(noop, {"--preset", "tiny"});
+  EXPECT_FALSE(noop.training().skip_with_if);  // the default: the no-op flag
+  EXPECT_EQ(noop.config()["skip_mode"], "noop");
+  UnetWorkload cond;
+  resolved(cond, {"--preset", "tiny", "--skip-mode", "if"});
+  EXPECT_TRUE(cond.training().skip_with_if);
+  EXPECT_EQ(cond.config()["skip_mode"], "if");
+  UnetWorkload timed;
+  resolved(timed, {"--preset", "tiny", "--graphs", "none", "--op-times", "t.json"});
+}
+
+TEST(UnetStructure, OutputProjectionsStartAtZeroAsTheReferenceDoes) {
+  // The reference (the MLPerf SD v2 UNet, ldm's openaimodel.py) wraps these in zero_module: each
+  // residual block's second convolution, each spatial transformer's proj_out, conv_out.
+  const UnetStructure s = unet_structure(preset_config("tiny"));
+  ASSERT_EQ(s.parameter_init.size(), s.parameter_names.size());
+  int zeroed = 0;
+  for (size_t i = 0; i < s.parameter_names.size(); ++i) {
+    const std::string& n = s.parameter_names[i];
+    if (n.size() < 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;  // biases start at 0
+    const bool zero = n.find(".conv2.") != std::string::npos ||
+                      n.find(".proj_out.") != std::string::npos || n.rfind("conv_out.", 0) == 0;
+    EXPECT_EQ(s.parameter_init[i] == train::ParamInit::kZeros, zero) << n;
+    zeroed += zero ? 1 : 0;
+  }
+  // tiny: 12 residual blocks (4 down, 2 mid, 6 up), 6 transformers, conv_out.
+  EXPECT_EQ(zeroed, 12 + 6 + 1);
+}
+
+TEST(UnetStructure, OpTimesClassesCountTinysNodes) {
+  const UnetStructure s = unet_structure(preset_config("tiny"));
+  ASSERT_EQ(s.nodes_per_class.size(), static_cast<size_t>(kOpClasses));
+  auto count = [&s](OpClass c) { return s.nodes_per_class[static_cast<size_t>(c)]; };
+  // conv_in, 12 residual blocks x 2, 7 shortcuts (1 down, 6 up), a downsampler, an upsampler,
+  // conv_out.
+  EXPECT_EQ(count(OpClass::kConv), 1 + 24 + 7 + 1 + 1 + 1);
+  EXPECT_EQ(count(OpClass::kGroupNorm), 12 * 2 + 6 + 1);  // resnets, transformers, conv_norm_out
+  EXPECT_EQ(count(OpClass::kLayerNorm), 6 * 3);           // norm1-3 of 6 transformers
+  EXPECT_EQ(count(OpClass::kAttention), 6 * 2);           // self and cross
+  EXPECT_EQ(count(OpClass::kDiffusion), 3);               // sample, time_proj, loss
+  int total = 0;
+  for (int n : s.nodes_per_class) total += n;
+  EXPECT_EQ(total, s.nodes);
 }
 
 }  // namespace
