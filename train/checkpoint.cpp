@@ -40,13 +40,13 @@ struct HostState {
 
 // One tensor of the file and where its bytes live: device memory or a field of HostState. A
 // tensor of a distributed optimizer's state (shard >= 0) starts at flat element `flat` of the
-// parameters' layout, and `device` is the rank's share, which holds flat elements [shard, shard +
-// share): a load keeps the part that falls in it.
+// parameters' layout; this rank holds flat elements [shard, shard + share) of its bucket at
+// `device` (share element share_at on): a load keeps the part that falls there.
 struct Item {
   TensorEntry entry;
   void* device = nullptr;
   void* host = nullptr;
-  int64_t flat = 0, shard = -1, share = 0;
+  int64_t flat = 0, shard = -1, share = 0, share_at = 0;
 };
 
 TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
@@ -88,10 +88,12 @@ std::vector<Item> items(const Trainer& trainer, HostState* host,
                        "checkpoint: the gathered optimizer state is not whole");
         i.host = const_cast<float*>(kind.whole->data()) + ps.offset(id);
       } else {
+        const ParamStore::Bucket part = ps.share_part(ps.offset(id));
         i.device = kind.base;
         i.flat = ps.offset(id);
-        i.shard = ps.shard_begin();
-        i.share = ps.shard_numel();
+        i.shard = part.begin;
+        i.share = part.length;
+        i.share_at = part.share_begin;
       }
       out.push_back(std::move(i));
     }
@@ -337,7 +339,7 @@ int64_t load_checkpoint(const safetensors::Reader& r, Trainer& trainer) {
                     count = static_cast<int64_t>(n / sizeof(float));
       const int64_t lo = std::max(first, i.shard), hi = std::min(first + count, i.shard + i.share);
       if (lo < hi)
-        REPLAY_CUDA_CHECK(cudaMemcpy(static_cast<float*>(i.device) + (lo - i.shard),
+        REPLAY_CUDA_CHECK(cudaMemcpy(static_cast<float*>(i.device) + i.share_at + (lo - i.shard),
                                      static_cast<const float*>(data) + (lo - first),
                                      static_cast<size_t>(hi - lo) * sizeof(float),
                                      cudaMemcpyHostToDevice));

@@ -270,6 +270,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.fault = graphs::parse_fault(f.inject);
   topt.evaluate = f.eval_interval > 0;
   topt.data_parallel = dp_comm.get();
+  topt.bucket_elements = f.dp_bucket_size;
   topt.tensor_parallel = tp_comm.get();
   topt.watchdog = watchdog.get();
   Trainer trainer(ctx, *model, training, topt);
@@ -497,6 +498,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   rep.world_size = world.size;
   rep.data_parallel = dp;
+  if (dp > 1) rep.grad_buckets = static_cast<int64_t>(model->params().buckets().size());
   rep.tensor_parallel = tp;
   rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
   if (const auto& t = trainer.step_traffic()) {

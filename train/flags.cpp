@@ -146,6 +146,12 @@ std::optional<RunFlags> parse_flags(const std::string& tool,
                  "data-parallel ranks (launch one process per GPU with mpiexec or srun; 0: all of "
                  "them)")
       ->check(integer_in(0, 1 << 20));
+  app.add_option(
+         "--dp-bucket-size", f.dp_bucket_size,
+         "data parallelism: parameters per gradient bucket, each reduce-scattered as soon as "
+         "the backward finishes it, overlapping the rest (Megatron's 40M by default; 0: one "
+         "bucket after the backward)")
+      ->check(integer_in(0, kMaxInt));
   app.add_option("--comm-timeout-s", f.comm_timeout_s,
                  "give up a wait for the other ranks after this many seconds (NCCL abort)")
       ->check(number_in(1.0, 1e6));

@@ -53,6 +53,8 @@ struct RunFlags {
   int tp = 0;  // tensor-parallel degree of the shard (0: the preset's); processes per TP group
   int dp = 0;  // data-parallel ranks (0: every rank of the launch)
   double comm_timeout_s = 300;  // the watchdog's limit on a wait for the other ranks
+  // Parameters per gradient bucket of the distributed optimizer (--dp > 1); 0: one bucket.
+  int64_t dp_bucket_size = 40'000'000;
   // The learning-rate schedule, overriding the preset's where set (NaN, -1: the preset's).
   double lr = NAN;            // peak (base) learning rate
   double min_lr = NAN;        // the rate the decay ends at

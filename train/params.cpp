@@ -45,21 +45,77 @@ void ParamStore::set_shard(int rank, int count) {
   shard_count_ = count;
 }
 
+void ParamStore::set_bucket_elements(int64_t elements) {
+  REPLAY_REQUIRE(!planned_, "ParamStore::set_bucket_elements after plan");
+  REPLAY_REQUIRE(elements >= 0, "ParamStore::set_bucket_elements: negative size");
+  bucket_elements_ = elements;
+}
+
 std::vector<ParamStore::Piece> ParamStore::pieces() const {
-  const int64_t lo = shard_begin(), hi = lo + shard_numel();
   std::vector<Piece> out;
-  for (ParamId id = 0; id < count(); ++id) {
-    const int64_t a = std::max(lo, offset(id)), b = std::min(hi, offset(id) + numel(id));
-    if (a < b) out.push_back({id, a - offset(id), b - a});
+  ParamId id = 0;
+  for (const Bucket& b : buckets_) {
+    const int64_t lo = b.begin + shard_rank_ * (b.length / shard_count_),
+                  hi = lo + b.length / shard_count_;
+    while (id < count() && offset(id) + numel(id) <= lo) ++id;
+    for (ParamId t = id; t < count() && offset(t) < hi; ++t) {
+      const int64_t a = std::max(lo, offset(t)), e = std::min(hi, offset(t) + numel(t));
+      if (a < e) out.push_back({t, a - offset(t), e - a});
+    }
   }
   return out;
+}
+
+ParamStore::Bucket ParamStore::share_part(int64_t flat) const {
+  for (const Bucket& b : buckets_)
+    if (flat >= b.begin && flat < b.begin + b.length) {
+      const int64_t part = b.length / shard_count_;
+      return Bucket{b.begin + shard_rank_ * part, part, b.share_begin};
+    }
+  REPLAY_REQUIRE(
+      false, "ParamStore::share_part: flat element " + std::to_string(flat) + " is in no bucket");
+  return {};
+}
+
+int64_t ParamStore::share_index(int64_t flat) const {
+  const Bucket p = share_part(flat);
+  return flat >= p.begin && flat < p.begin + p.length ? p.share_begin + (flat - p.begin) : -1;
 }
 
 void ParamStore::plan(ArenaPlan& plan, Lifetime optimizer) {
   REPLAY_REQUIRE(!specs_.empty(), "a model without parameters");
   planned_ = true;
+  // The buckets, from the last tensor back; each is laid out contiguously, padded to the quantum,
+  // which moves the tensors' offsets.
   const int64_t quantum = kAlignElements * shard_count_;
-  end_ = (end_ + quantum - 1) / quantum * quantum;
+  auto aligned = [](int64_t n) {
+    return (n + kAlignElements - 1) / kAlignElements * kAlignElements;
+  };
+  std::vector<int> first_of_bucket;  // in flat order once reversed
+  int64_t filled = 0;
+  for (ParamId id = count() - 1; id >= 0; --id) {
+    filled += numel(id);
+    if (id == 0 || (bucket_elements_ > 0 && filled >= bucket_elements_)) {
+      first_of_bucket.push_back(id);
+      filled = 0;
+    }
+  }
+  std::reverse(first_of_bucket.begin(), first_of_bucket.end());
+  buckets_.clear();
+  end_ = 0;
+  for (size_t b = 0; b < first_of_bucket.size(); ++b) {
+    const ParamId last = b + 1 < first_of_bucket.size() ? first_of_bucket[b + 1] : count();
+    Bucket bucket;
+    bucket.begin = end_;
+    for (ParamId id = first_of_bucket[b]; id < last; ++id) {
+      offset_[static_cast<size_t>(id)] = end_;
+      end_ += aligned(numel(id));
+    }
+    end_ = (end_ + quantum - 1) / quantum * quantum;
+    bucket.length = end_ - bucket.begin;
+    bucket.share_begin = bucket.begin / shard_count_;
+    buckets_.push_back(bucket);
+  }
   weights_id_ =
       plan.add(std::string("params.") + dtype_name(weight_dtype_), weight_dtype_, end_, "params");
   const int64_t share = shard_numel();  // the optimizer's state: this rank's share
@@ -186,12 +242,16 @@ void ParamStore::initialize(uint64_t seed, cudaStream_t stream) {
       }
     }
   }
-  // The masters' share of the draws, and the gradients zero again.
-  REPLAY_CUDA_CHECK(cudaMemcpyAsync(masters_, grads_ + shard_begin(), share * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, stream));
+  // The masters' share of the draws (a part of every bucket), and the gradients zero again.
+  for (const Bucket& b : buckets_) {
+    const int64_t part = b.length / shard_count_;
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(
+        masters_ + b.share_begin, grads_ + b.begin + shard_rank_ * part,
+        static_cast<size_t>(part) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  }
   REPLAY_CUDA_CHECK(cudaMemsetAsync(grads_, 0, n * sizeof(float), stream));
   for (const Piece& p : pieces()) {
-    const int64_t at = offset(p.id) + p.first, in_share = at - shard_begin();
+    const int64_t at = offset(p.id) + p.first, in_share = share_index(at);
     const TensorView model(
         static_cast<char*>(weights_) + at * static_cast<int64_t>(dtype_size(weight_dtype_)),
         weight_dtype_, {p.length});

@@ -70,12 +70,31 @@ class ParamStore {
   // Data parallelism with a distributed optimizer (ZeRO-1), before plan(): `count` ranks each own
   // 1/count of the flat buffers, this one share `rank`. The buffers grow to a multiple of count x
   // kAlignElements so the shares are equal and aligned. The fp32 master weights and both moments
-  // are allocated for the share only (masters(), exp_avg(), exp_avg_sq() view flat elements
-  // [shard_begin(), shard_begin() + shard_numel())): what makes the optimizer's memory per GPU fall
-  // with count. The weights and gradients stay whole; the AdamW and grad-norm tables cover the
-  // share (the pieces of the tensors that fall in it). The gradients are reduce-scattered into the
-  // share and the weights all-gathered from the shares (train/trainer.cpp).
+  // are allocated for the share only (masters(), exp_avg(), exp_avg_sq() hold shard_numel()
+  // elements: this rank's part of every bucket, set_bucket_elements): what makes the optimizer's
+  // memory per GPU fall with count. The weights and gradients stay whole; the AdamW and grad-norm
+  // tables cover the share (the pieces of the tensors that fall in it). The gradients are
+  // reduce-scattered into the share and the weights all-gathered from the shares
+  // (train/trainer.cpp).
   void set_shard(int rank, int count);
+  // Gradient buckets of the distributed optimizer, before plan(): the tensors are grouped, from
+  // the last (whose gradients the backward finishes first) to the first, into buckets of at least
+  // `elements` parameters, each laid out contiguously and padded to a multiple of count x
+  // kAlignElements. Each bucket is reduce-scattered on its own as soon as the backward has
+  // finished its gradients, and every bucket is split over the ranks: a rank's share is its
+  // 1/count of every bucket, concatenated in flat order. Without it: one bucket of everything.
+  void set_bucket_elements(int64_t elements);
+  // A bucket: flat elements [begin, begin + length); this rank's share of it starts at flat
+  // element begin + rank x length / count and at element share_begin of the share.
+  struct Bucket {
+    int64_t begin = 0, length = 0, share_begin = 0;
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }  // flat order, after plan()
+  // The share element that holds flat element `flat`, or -1 when another rank's share holds it.
+  int64_t share_index(int64_t flat) const;
+  // This rank's part of the bucket that holds flat element `flat`: flat elements [begin, begin +
+  // length), held from share element share_begin on.
+  Bucket share_part(int64_t flat) const;
   // Tensor parallelism, before initialize(): this process is rank `rank` of `count`. A tensor with
   // a tp_split draws its slice of the full tensor's numbers (the ranks together hold what one
   // process draws); a sharded one without draws its own per rank (Philox stream id + 1 + rank x
@@ -84,8 +103,7 @@ class ParamStore {
   void set_tensor_parallel(int rank, int count);
   int shard_rank() const { return shard_rank_; }
   int shard_count() const { return shard_count_; }
-  int64_t shard_begin() const { return end_ / shard_count_ * shard_rank_; }
-  int64_t shard_numel() const { return end_ / shard_count_; }
+  int64_t shard_numel() const { return end_ / shard_count_; }  // the share: 1/count of each bucket
 
   // Adds the five buffers, the AdamW and grad-norm tables and the grad-norm workspace (lifetime
   // `optimizer`, the phase the optimizer runs in) to the plan.
@@ -141,8 +159,11 @@ class ParamStore {
   int64_t end_ = 0;
   bool planned_ = false;
   int shard_rank_ = 0, shard_count_ = 1;
+  int64_t bucket_elements_ = 0;  // 0: one bucket
+  std::vector<Bucket> buckets_;
   int tp_rank_ = 0, tp_count_ = 1;
-  // The pieces of the tensors in this rank's share: (tensor, first element, length).
+  // The pieces of the tensors in this rank's share: (tensor, first element, length), in flat
+  // order (so in share order too).
   struct Piece {
     ParamId id;
     int64_t first, length;

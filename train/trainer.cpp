@@ -25,6 +25,7 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
   if (dp != nullptr) {
     REPLAY_REQUIRE(dp->size() > 1, "Trainer: a data-parallel group of one rank");
     model_.params().set_shard(dp->rank(), dp->size());
+    model_.params().set_bucket_elements(options_.bucket_elements);
   }
   if (dp != nullptr || options_.tensor_parallel != nullptr)
     // The grad norm's sum of squares (a double), then a float the planted fault reduces.
@@ -43,7 +44,11 @@ Trainer::Trainer(Context& ctx, Model& model, TrainingConfig training, TrainerOpt
   plan_.plan();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (comm_fork_) cudaEventDestroy(comm_fork_);
+  if (comm_join_) cudaEventDestroy(comm_join_);
+  if (comm_stream_) cudaStreamDestroy(comm_stream_);
+}
 
 const Arena& Trainer::arena() const {
   REPLAY_REQUIRE(arena_ != nullptr, "Trainer::arena before allocate");
@@ -92,15 +97,16 @@ void Trainer::allocate() {
 
 // NVTX range and the region's name in its errors; the planted fault, when there is one, at the end
 // of the region's work, with its arguments.
-graphs::Region Trainer::wrap(graphs::Region r, int site) {
+graphs::Region Trainer::wrap(graphs::Region r, int site, std::vector<int> buckets) {
   graphs::FaultInjector* inject = site >= 0 ? injector_.get() : nullptr;
   auto work = std::move(r.enqueue);
-  r.enqueue = [name = r.name, inject, site, work = std::move(work)](cudaStream_t s,
-                                                                    const graphs::RegionArgs& a) {
+  r.enqueue = [this, name = r.name, inject, site, buckets = std::move(buckets),
+               work = std::move(work)](cudaStream_t s, const graphs::RegionArgs& a) {
     nvtxRangePushA(name.c_str());
     try {
       work(s, a);
       if (inject) inject->enqueue(s, a, site);
+      if (!buckets.empty()) reduce_scatter_buckets(buckets, s);
     } catch (const Error& e) {
       nvtxRangePop();
       throw Error(e.library(), e.status(), "region '" + name + "': " + e.what());
@@ -148,8 +154,24 @@ void Trainer::build_step_plan() {
       fault_region_ += ", " + regions[second].name;
     }
   }
+  std::vector<std::vector<int>> buckets(regions.size());
+  if (options_.data_parallel != nullptr) {
+    buckets = bucket_regions(regions);
+    // Overlap on a side stream where the regions of a step run as one stream of work; in layer
+    // mode each region is its own graph, which must join its forks, so they go inline.
+    overlap_ = options_.mode != graphs::GraphMode::kLayer;
+    if (overlap_) {
+      REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_fork_, cudaEventDisableTiming));
+      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_join_, cudaEventDisableTiming));
+    }
+  }
   for (size_t i = 0; i < regions.size(); ++i)
-    step_plan_->add_region(wrap(std::move(regions[i]), i == planted ? 0 : i == second ? 1 : -1));
+    step_plan_->add_region(wrap(std::move(regions[i]),
+                                i == planted  ? 0
+                                : i == second ? 1
+                                              : -1,
+                                std::move(buckets[i])));
   graphs::Region opt;
   opt.name = "optimizer";
   opt.enqueue = [this](cudaStream_t s, const graphs::RegionArgs&) { optimizer_step(s); };
@@ -181,6 +203,54 @@ void Trainer::build_eval_plan() {
   for (graphs::Region& r : model_.eval_regions()) eval_plan_->add_region(wrap(std::move(r), -1));
 }
 
+std::vector<std::vector<int>> Trainer::bucket_regions(const std::vector<graphs::Region>& regions) {
+  const ParamStore& ps = model_.params();
+  const auto* g = static_cast<const char*>(ps.grads().data);
+  const auto g_end = g + ps.grads().bytes();
+  const std::vector<ParamStore::Bucket>& buckets = ps.buckets();
+  std::vector<int> last(buckets.size(), -1);
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (!regions[i].args) continue;
+    for (const graphs::RegionArg& a : regions[i].args().list()) {
+      const auto* p = static_cast<const char*>(a.view.data);
+      if (a.access == graphs::Access::kRead || p < g || p >= g_end) continue;
+      const int64_t lo = (p - g) / static_cast<int64_t>(sizeof(float)),
+                    hi = lo + static_cast<int64_t>(a.view.bytes() / sizeof(float));
+      for (size_t b = 0; b < buckets.size(); ++b)
+        if (lo < buckets[b].begin + buckets[b].length && buckets[b].begin < hi)
+          last[b] = static_cast<int>(i);
+    }
+  }
+  std::vector<std::vector<int>> out(regions.size());
+  optimizer_buckets_.clear();
+  // The last region has nothing after it to overlap with: its buckets go with the optimizer.
+  for (size_t b = 0; b < buckets.size(); ++b)
+    if (last[b] < 0 || last[b] + 1 == static_cast<int>(regions.size()))
+      optimizer_buckets_.push_back(static_cast<int>(b));
+    else
+      out[static_cast<size_t>(last[b])].push_back(static_cast<int>(b));
+  return out;
+}
+
+void Trainer::reduce_scatter_bucket(int b, cudaStream_t s) const {
+  const ParamStore& ps = model_.params();
+  const ParamStore::Bucket& bucket = ps.buckets().at(static_cast<size_t>(b));
+  float* g = ps.grads().as<float>(DType::kFP32) + bucket.begin;
+  const int64_t part = bucket.length / ps.shard_count();
+  options_.data_parallel->reduce_scatter(g, g + ps.shard_rank() * part, static_cast<size_t>(part),
+                                         ncclFloat32, ncclAvg, s);
+}
+
+void Trainer::reduce_scatter_buckets(const std::vector<int>& buckets, cudaStream_t s) const {
+  if (!overlap_) {
+    for (int b : buckets) reduce_scatter_bucket(b, s);
+    return;
+  }
+  REPLAY_CUDA_CHECK(cudaEventRecord(comm_fork_, s));
+  REPLAY_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, comm_fork_, 0));
+  for (int b : buckets) reduce_scatter_bucket(b, comm_stream_);
+}
+
 // The sync-free optimizer, in step_scalars.h's order. The grad norm sets found_inf when a gradient
 // is Inf or NaN, which is the overflow check of loss scaling: every gradient is in the norm.
 void Trainer::optimizer_step(cudaStream_t s) const {
@@ -188,6 +258,11 @@ void Trainer::optimizer_step(cudaStream_t s) const {
   const TrainingConfig& t = training_;
   comm::Communicator* dp = options_.data_parallel;
   comm::Communicator* tp = options_.tensor_parallel;
+  // The buckets reduce-scattered on the side stream during the backward, joined first.
+  if (overlap_ && optimizer_buckets_.size() < params.buckets().size()) {
+    REPLAY_CUDA_CHECK(cudaEventRecord(comm_join_, comm_stream_));
+    REPLAY_CUDA_CHECK(cudaStreamWaitEvent(s, comm_join_, 0));
+  }
   begin_step(scalars_, s);
   if (injector_) {  // --inject overflow: Inf gradients in one step, before the norm finds them
     const TensorView g = params.grads();
@@ -197,11 +272,8 @@ void Trainer::optimizer_step(cudaStream_t s) const {
     clip_grad_norm(params.grad_norm_table(), t.clip_norm, scalars_, params.grad_norm_workspace(),
                    params.grad_norm_workspace_bytes(), s);
   } else {
-    if (dp != nullptr) {  // the ranks' mean gradient, this rank's share of it in place
-      float* g = params.grads().as<float>(DType::kFP32);
-      const auto share = static_cast<size_t>(params.shard_numel());
-      dp->reduce_scatter(g, g + params.shard_begin(), share, ncclFloat32, ncclAvg, s);
-    }
+    if (dp != nullptr)  // the ranks' mean gradient, this rank's part of each bucket in place
+      for (int b : optimizer_buckets_) reduce_scatter_bucket(b, s);
     // The norm over every data-parallel share and every tensor-parallel shard.
     grad_norm_sumsq(params.grad_norm_table(), sumsq_, params.grad_norm_workspace(),
                     params.grad_norm_workspace_bytes(), s);
@@ -243,8 +315,12 @@ void Trainer::optimizer_step(cudaStream_t s) const {
     const ncclDataType_t type = w.dtype == DType::kBF16   ? ncclBfloat16
                                 : w.dtype == DType::kFP16 ? ncclFloat16
                                                           : ncclFloat32;
-    dp->all_gather(static_cast<char*>(w.data) + params.shard_begin() * esize, w.data,
-                   static_cast<size_t>(params.shard_numel()), type, s);
+    for (const ParamStore::Bucket& b : params.buckets()) {
+      const int64_t part = b.length / params.shard_count();
+      char* base = static_cast<char*>(w.data) + b.begin * static_cast<int64_t>(esize);
+      dp->all_gather(base + params.shard_rank() * part * static_cast<int64_t>(esize), base,
+                     static_cast<size_t>(part), type, s);
+    }
   }
   readback_->copy(s);
   end_step(scalars_, t.loss_scaling ? &*t.loss_scaling : nullptr, s);
@@ -278,7 +354,9 @@ void Trainer::gather_optimizer_state(OptimizerStateHost* out) {
                               out ? &out->exp_avg_sq : nullptr};
   const TensorView from[] = {p.masters(), p.exp_avg(), p.exp_avg_sq()};
   for (int k = 0; k < 3; ++k) {
-    dp->all_gather(from[k].data, staging, share, ncclFloat32, ctx_.stream());
+    for (const ParamStore::Bucket& b : p.buckets())
+      dp->all_gather(from[k].as<float>(DType::kFP32) + b.share_begin, staging + b.begin,
+                     static_cast<size_t>(b.length / p.shard_count()), ncclFloat32, ctx_.stream());
     if (options_.watchdog != nullptr) {
       cudaEvent_t done = nullptr;
       REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));

@@ -54,6 +54,10 @@ struct TrainerOptions {
   // all-gathered, all inside the step (and its graphs); the loss is averaged over the ranks. Null:
   // one process.
   comm::Communicator* data_parallel = nullptr;
+  // Data parallelism: parameters per gradient bucket (ParamStore::set_bucket_elements; 0: one
+  // bucket). Each bucket is reduce-scattered right after the region that finishes its gradients;
+  // in none and full mode on a side stream, overlapping the rest of the backward.
+  int64_t bucket_elements = 0;
   // Tensor parallelism (a group of more than one rank): the model runs its own collectives; the
   // grad norm's sum of squares is summed over this group too (ParamStore counts replicated tensors
   // on rank 0 only).
@@ -134,7 +138,15 @@ class Trainer {
   void build_step_plan();
   void build_eval_plan();
   // `site`: which of the fault's sites the region is (FaultInjector::sites()); -1: none.
-  graphs::Region wrap(graphs::Region region, int site);
+  graphs::Region wrap(graphs::Region region, int site, std::vector<int> buckets = {});
+  // Data parallelism: which buckets each region finishes (the last region in step order whose
+  // arguments write a bucket's gradients); the others go with the optimizer.
+  std::vector<std::vector<int>> bucket_regions(const std::vector<graphs::Region>& regions);
+  // The mean over the data-parallel ranks of bucket b's gradients, this rank's part in place.
+  void reduce_scatter_bucket(int b, cudaStream_t stream) const;
+  // Enqueues the reduce-scatters of `buckets` after the work on `stream` so far: on the side
+  // stream when overlapping (joined by the optimizer), else on `stream`.
+  void reduce_scatter_buckets(const std::vector<int>& buckets, cudaStream_t stream) const;
   void optimizer_step(cudaStream_t stream) const;
   bool stalls_here() const;  // --inject rank-stall: this process is the one that stalls
   graphs::RegionArgs optimizer_args() const;
@@ -160,6 +172,12 @@ class Trainer {
   std::unique_ptr<graphs::ReadbackRing> readback_;
   std::unique_ptr<graphs::FaultInjector> injector_;     // --inject only
   std::unique_ptr<graphs::Conditionals> conditionals_;  // TrainingConfig::skip_with_if only
+  // Overlapped reduce-scatters (data parallel, none and full mode): their stream, the fork and
+  // join events, and whether a step forked any.
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t comm_fork_ = nullptr, comm_join_ = nullptr;
+  bool overlap_ = false;
+  std::vector<int> optimizer_buckets_;  // reduce-scattered by the optimizer itself
   std::unique_ptr<graphs::StepPlan> step_plan_;
   std::unique_ptr<graphs::StepPlan> eval_plan_;
 };

@@ -291,6 +291,7 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
       {"world_size", r.world_size},
       {"tensor_parallel", r.tensor_parallel},
       {"data_parallel", r.data_parallel},
+      {"grad_buckets", r.grad_buckets},
       {"rank_step_ms", r.rank_step_ms},
       {"slowest_rank", r.rank_step_ms.empty() ? ordered_json(nullptr) : ordered_json(slowest)},
       {"collectives_per_step",

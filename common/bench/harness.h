@@ -161,6 +161,7 @@ struct WorkloadReport {
   int tensor_parallel = 1;  // processes per tensor-parallel group (1: none, or rank 0 simulated)
   std::vector<double> rank_step_ms;
   // The collectives of one step and their bytes (nccl-tests' sizes); -1: not counted.
+  int64_t grad_buckets = 0;  // data parallel: gradient buckets reduce-scattered a step
   int64_t collectives_per_step = -1;
   int64_t comm_bytes_per_step = -1;
 

@@ -12,6 +12,8 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
    collective-mismatch), instead of hanging at the first replay; and when rank 1's host stops
    enqueuing (--inject rank-stall), ends within seconds of --comm-timeout-s with the watchdog's
    message instead of hanging;
+   With --dp-bucket-size 100000 (several gradient buckets, reduce-scattered during the backward,
+   overlapped on a side stream in none and full mode): the same, bit-identical across modes.
 4. resumes bit-exactly: 10 steps, a save (the optimizer's shares gathered into one file), a load
    (each rank takes its share) and 10 more give the losses and weights of 20 straight steps; and
    holds half the optimizer state per rank: its arena is smaller than the one-GPU run's.
@@ -156,6 +158,24 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
         check(a < b, f"{workload}: DP2's arena is smaller than one GPU's (the optimizer state is a share: "
               f"{a} < {b} bytes, {b - a} saved)", failures)
 
+    # Gradient buckets: with --dp-bucket-size small enough for several, each bucket is
+    # reduce-scattered after the region that finishes it, on a side stream in none and full mode
+    # (overlapping the rest of the backward), inline in layer mode. Bit-identical across the modes;
+    # step 0 is the one-bucket run's (the shares differ, so the norm's sums and later steps may
+    # round differently), and the one-GPU comparison holds.
+    bucketed = three_modes(workload, "DP2-buckets", [*launch, "--dp-bucket-size", "100000"], tmp, failures)
+    if "full" in bucketed and "full" in runs:
+        d = bucketed["full"]
+        check(d["parallel"]["grad_buckets"] > 1 and runs["full"]["parallel"]["grad_buckets"] == 1,
+              f"{workload}: DP2 with --dp-bucket-size 100000 has {d['parallel']['grad_buckets']} buckets, "
+              f"the default {runs['full']['parallel']['grad_buckets']}", failures)
+        first = abs(d["losses"][0] - runs["full"]["losses"][0])
+        check(first == 0.0, f"{workload}: the bucketed DP2's step 0 loss is the one-bucket run's ({first:.2e})",
+              failures)
+    against_one_gpu(workload, "DP2-buckets", bucketed,
+                    [binary, *common, "--microbatches", "2", "--graphs", "full", "--steps", str(STEPS)],
+                    "one GPU with two micro-batches", FIRST_STEP_TOLERANCE, tmp, failures)
+
     # --inject collective-mismatch: rank 1 captures one extra all-reduce; the capture check stops
     # the run before the first replay (which would hang) and names the extra collective.
     rc, text = run([*launch, "--graphs", "full", "--steps", "2", "--inject", "collective-mismatch"])
@@ -175,10 +195,13 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
 
     ckpt = os.path.join(tmp, f"{workload}-ckpt")
     whole = os.path.join(tmp, f"{workload}-whole.json")
-    rc, _ = run([*launch, "--graphs", "full", "--steps", str(STEPS), "--save", ckpt, "--save-interval", "10",
-                 "--json", whole])
+    # With several buckets, so each rank's share is a part of every bucket (saved whole, loaded back
+    # into the shares).
+    buckets = ["--dp-bucket-size", "100000"]
+    rc, _ = run([*launch, *buckets, "--graphs", "full", "--steps", str(STEPS), "--save", ckpt, "--save-interval",
+                 "10", "--json", whole])
     half = os.path.join(tmp, f"{workload}-half.json")
-    rc2, _ = run([*launch, "--graphs", "layer", "--steps", str(STEPS // 2), "--load",
+    rc2, _ = run([*launch, *buckets, "--graphs", "layer", "--steps", str(STEPS // 2), "--load",
                   os.path.join(ckpt, "step-00000010.safetensors"), "--json", half])
     check(rc == 0 and rc2 == 0, f"{workload}: DP2 save at 10 and resume", failures)
     if rc == 0 and rc2 == 0:
