@@ -891,7 +891,8 @@ void UnetModel::Impl::finish() {
     } else if (dynamic_cast<const LinearNode*>(n.get())) {
       n->op_class = OpClass::kLinear;
     } else if (dynamic_cast<const SampleNode*>(n.get()) ||
-               dynamic_cast<const TimestepNode*>(n.get()) || dynamic_cast<const LossNode*>(n.get())) {
+               dynamic_cast<const TimestepNode*>(n.get()) ||
+               dynamic_cast<const LossNode*>(n.get())) {
       n->op_class = OpClass::kDiffusion;
     }
   }
