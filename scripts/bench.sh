@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench.sh: run replay's suite on the local GPU, building first, and write reports/<gpu>/<date>/.
 #
-#   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch] [--report-only]
+#   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch] [--report-only] [--only LIST]
 #
 #   --quick        fewer repeats (a smoke run of a few minutes)
 #   --out DIR      where to write (default reports/<gpu>/<date>)
@@ -9,6 +9,8 @@
 #   --no-pytorch   skip the PyTorch baselines even when torch is importable
 #   --report-only  run nothing: write the reports again from the JSON in --out DIR (a suite run
 #                  elsewhere, or scripts/report.py changed since); needs no GPU
+#   --only LIST    run only these sections (comma-separated): ops, graphs, workloads, unet, moe,
+#                  rnnt, multi_gpu, time_to_train
 #
 # Environment: REPLAY_BUILD_DIR (default build/release), REPLAY_SKIP_SETUP=1 (no installs: the GPU
 # machine). Writes one JSON per run (schemas in reports/SCHEMA.md), the logs, summary.md and plots.
@@ -20,6 +22,7 @@ out=""
 build=1
 pytorch=1
 report_only=0
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -27,11 +30,17 @@ while [ $# -gt 0 ]; do
     --no-build) build=0 ;;
     --no-pytorch) pytorch=0 ;;
     --report-only) report_only=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --only) only="$2"; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+sections="ops graphs workloads unet moe rnnt multi_gpu time_to_train"
+for sec in ${only//,/ }; do
+  [[ " $sections " == *" $sec "* ]] || { echo "bench.sh: --only: unknown section '$sec' (one of: $sections)" >&2; exit 2; }
+done
+want() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }  # want SECTION: is it to be run
 
 # Reports: per-section markdown and plots from the JSON in $out, then one summary.md. Only what is there
 # is reported; a run that is missing or failed shows as missing in its tables.
@@ -114,7 +123,7 @@ gpu_tag=$(echo "$gpu_name" | tr '[:upper:]' '[:lower:]' | grep -oE 'gh200|h200|h
 [ -n "$out" ] || out="reports/$gpu_tag/$(date +%Y-%m-%d)"
 mkdir -p "$out"
 echo "bench.sh: $gpu_name -> $out"
-echo "scripts/bench.sh $([ $quick = 1 ] && echo --quick) (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ))" >"$out/COMMAND"
+echo "scripts/bench.sh $([ $quick = 1 ] && echo --quick) $([ -n "$only" ] && echo "--only $only") (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ))" >"$out/COMMAND"
 
 repeats=50; warmup=10
 [ "$quick" = 1 ] && { repeats=10; warmup=3; }
@@ -141,6 +150,7 @@ if [ "$pytorch" = 1 ] && python3 -c "import torch, sys; sys.exit(0 if torch.cuda
 else
   echo "bench.sh: PyTorch with CUDA not importable: baselines skipped"
 fi
+if want ops; then
 op_rounds=3
 mkdir -p "$out/rounds"
 for round in $(seq "$op_rounds"); do
@@ -174,7 +184,8 @@ for tool in replay pytorch; do
   ls "$out"/rounds/${tool}_ops_[0-9]*.json >/dev/null 2>&1 \
     && best_of "$out/${tool}_ops.json" "$out"/rounds/${tool}_ops_[0-9]*.json
 done
-if [ -x "$bin/replay-graphs-bench" ]; then
+fi
+if want graphs && [ -x "$bin/replay-graphs-bench" ]; then
   run graphs_bench "$bin/replay-graphs-bench" --json "$out/graphs_bench.json" \
     $([ "$quick" = 1 ] && echo "--repeats 5")
 fi
@@ -201,6 +212,7 @@ run_workload() {  # run_workload NAME PRESET STEPS: replay's three modes, then P
     done
   fi
 }
+if want workloads; then
 run_workload gpt3 175b-tp4 "$([ "$quick" = 1 ] && echo 10 || echo 50)"
 run_workload llama31 405b-tp8 "$([ "$quick" = 1 ] && echo 5 || echo 20)"
 # Llama 3.1 with 4 micro-batches per step, as NVIDIA's GB200 submissions graph it: per-layer graphs
@@ -221,10 +233,11 @@ if [ -x "$bin/replay-gpt3" ]; then
     done
   done
 fi
+fi
 
 # The Stable Diffusion v2 UNet at NVIDIA's 32 images per GPU in the three modes, a batch sweep where
 # launches matter (1 and 8 images), and a PyTorch UNet of the same architecture, eager and captured.
-if [ -x "$bin/replay-unet" ]; then
+if want unet && [ -x "$bin/replay-unet" ]; then
   mkdir -p "$out/unet"
   for mode in none layer full; do
     run "unet/replay_unet_sd2-b32_$mode" "$bin/replay-unet" --preset sd2-b32 --graphs "$mode" \
@@ -246,7 +259,7 @@ fi
 
 # The DeepSeek-V3 shard (one GPU of TP2 x PP8 x EP32) in the three modes and Megatron's scoped graphs,
 # the parts timed alone (router and dispatch against the experts), and PyTorch's grouped expert GEMMs.
-if [ -x "$bin/replay-moe" ]; then
+if want moe && [ -x "$bin/replay-moe" ]; then
   mkdir -p "$out/moe"
   moe_steps=$([ "$quick" = 1 ] && echo 5 || echo 10)
   for mode in none layer full; do
@@ -264,7 +277,7 @@ fi
 # RNN-T at NVIDIA's 192 utterances per GPU: the ladder in three modes (none at each batch's own
 # shape, and on the ladder for the same-rung memory comparison), evaluation by the WHILE node, the
 # host loop and NVIDIA's unrolled graph, and PyTorch's eager and graphed step on the same ladder.
-if [ -x "$bin/replay-rnnt" ]; then
+if want rnnt && [ -x "$bin/replay-rnnt" ]; then
   mkdir -p "$out/rnnt/pytorch"
   rs=$([ "$quick" = 1 ] && echo 10 || echo 30)
   for mode in none layer full; do
@@ -287,27 +300,51 @@ if [ -x "$bin/replay-rnnt" ]; then
 fi
 
 # Many GPUs, when more than one is visible: GPT-3 175B at real tensor parallelism over every GPU (up
-# to 4), beside the same shard on one GPU with its collectives not run (the cost of communication),
-# and data parallelism over 2 GPUs, each in the three graph modes.
+# to 4), with and without sequence parallelism, beside the same shard on one GPU with its collectives
+# not run (the cost of communication) and PyTorch with the same Megatron split; data parallelism over
+# 2 GPUs (the distributed optimizer, its gradient buckets overlapped with the backward, and with one
+# bucket after it) beside its one-GPU shard; NCCL's bus bandwidth at the step's message sizes.
 ngpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
-if [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 && [ -x "$bin/replay-gpt3" ]; then
+if want multi_gpu && [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 && [ -x "$bin/replay-gpt3" ]; then
   mkdir -p "$out/multi_gpu"
   [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   tp=$([ "$ngpus" -ge 4 ] && echo 4 || echo 2)
   mg_steps=$([ "$quick" = 1 ] && echo 10 || echo 30)
+  mg_layers=$([ "$tp" -ge 4 ] && echo 4 || echo 3)  # PyTorch's TP2 shard of 4 layers needs ~71 GB
+  mg=(--preset 175b-tp4 --layers "$mg_layers" --steps "$mg_steps" --seed 1234)
   for mode in none layer full; do
-    run "multi_gpu/replay_gpt3_175b_tp${tp}_${mode}" mpiexec -n "$tp" "$bin/replay-gpt3" --preset 175b-tp4 --tp "$tp" \
-      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}_$mode.json"
-    run "multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_${mode}" "$bin/replay-gpt3" --preset 175b-tp4 --tp "$tp" \
-      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_$mode.json"
-    run "multi_gpu/replay_gpt3_175b-tp4_dp2_${mode}" mpiexec -n 2 "$bin/replay-gpt3" --preset 175b-tp4 --dp 2 \
-      --layers 4 --graphs "$mode" --steps "$mg_steps" --seed 1234 --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_$mode.json"
+    run "multi_gpu/replay_gpt3_175b_tp${tp}_${mode}" mpiexec -n "$tp" "$bin/replay-gpt3" --tp "$tp" "${mg[@]}" \
+      --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}_$mode.json"
+    run "multi_gpu/replay_gpt3_175b_tp${tp}sp_${mode}" mpiexec -n "$tp" "$bin/replay-gpt3" --tp "$tp" \
+      --sequence-parallel "${mg[@]}" --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}sp_$mode.json"
+    run "multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_${mode}" "$bin/replay-gpt3" --tp "$tp" "${mg[@]}" \
+      --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b_tp${tp}shard_1gpu_$mode.json"
+    run "multi_gpu/replay_gpt3_175b-tp4_dp2_${mode}" mpiexec -n 2 "$bin/replay-gpt3" --dp 2 "${mg[@]}" \
+      --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_$mode.json"
   done
+  run "multi_gpu/replay_gpt3_175b-tp4_dp2_onebucket_full" mpiexec -n 2 "$bin/replay-gpt3" --dp 2 --dp-bucket-size 0 \
+    "${mg[@]}" --graphs full --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_onebucket_full.json"
+  run "multi_gpu/replay_gpt3_175b-tp4_1gpu_full" "$bin/replay-gpt3" "${mg[@]}" --graphs full \
+    --json "$out/multi_gpu/replay_gpt3_175b-tp4_1gpu_full.json"
+  if [ -x "$bin/replay-comm-probe" ]; then
+    mkdir -p "$out/multi_gpu/comm"
+    run "multi_gpu/comm/probe_sweep" mpiexec -n "$tp" "$bin/replay-comm-probe" --graph \
+      --json "$out/multi_gpu/comm/probe_sweep.json"
+    run "multi_gpu/comm/probe_step_sizes" mpiexec -n "$tp" "$bin/replay-comm-probe" --sizes 48K,48M --in-place \
+      --graph --json "$out/multi_gpu/comm/probe_step_sizes.json"
+  fi
+  if [ "$have_torch" = 1 ]; then
+    for mode in none full; do
+      PYTHONUNBUFFERED=1 run "multi_gpu/pytorch_gpt3_175b_tp${tp}_$mode" mpiexec -n "$tp" python3 \
+        scripts/pytorch_baseline.py tp --replay-bin "$bin" --tp "$tp" --preset 175b-tp4 --layers "$mg_layers" \
+        --graphs "$mode" --steps "$mg_steps" --json "$out/multi_gpu/pytorch_gpt3_175b_tp${tp}_$mode.json"
+    done
+  fi
 fi
 
 # Time to train: GPT-3 Small (125M) from scratch to its data's floor + 0.05 nats (--quick: + 0.5),
 # evaluated every 250 steps, in each graph mode: where graphs show end to end, not per step.
-if [ -x "$bin/replay-gpt3" ]; then
+if want time_to_train && [ -x "$bin/replay-gpt3" ]; then
   mkdir -p "$out/time_to_train"
   for mode in none layer full; do
     run "time_to_train/replay_gpt3_small_$mode" "$bin/replay-gpt3" --preset small --graphs "$mode" \
