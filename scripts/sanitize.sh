@@ -5,9 +5,9 @@
 #   scripts/sanitize.sh [--out DIR] [--bin DIR] [--tools "memcheck initcheck synccheck racecheck"]
 #                       [--workloads "gpt3 llama31 moe unet rnnt"] [--modes "none layer full"]
 #                       [--steps N] [--warmup N] [--jobs N] [--timeout S] [--deadline S]
-#                       [--scope replay|all] [--sanitizer PATH]
+#                       [--scope replay|all] [--sanitizer PATH] [--sanitizer-args "ARGS"]
 #
-# Each run is `compute-sanitizer --tool T [--leak-check full] --kernel-name regex:6replay
+# Each run is `compute-sanitizer --tool T [--leak-check full] --kernel-name kns=6replay
 # replay-W --preset tiny --graphs M --steps 2 --warmup 1 --seed 1 --skip-peak`: memcheck checks leaks
 # too; the filter makes the tool check only kernels whose mangled name holds "6replay" (namespace
 # replay: every kernel of replay's own, templates instantiated with replay's types included), so
@@ -35,6 +35,7 @@ timeout_s=600
 deadline=0
 scope=replay
 sanitizer=""
+extra=""
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -51,6 +52,7 @@ while [ $# -gt 0 ]; do
     --deadline) deadline=$2; shift 2 ;;
     --scope) scope=$2; shift 2 ;;
     --sanitizer) sanitizer=$2; shift 2 ;;
+    --sanitizer-args) extra=$2; shift 2 ;;  # more compute-sanitizer options, for every run
     --one) shift; break ;;  # internal: one run (xargs calls the script back)
     -h|--help) usage; exit 0 ;;
     *) echo "sanitize.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
@@ -68,7 +70,9 @@ if [ "${SANITIZE_ONE:-}" = 1 ]; then
   # Each run its own base port for the sanitizer's connection to its target (runs in parallel).
   args=(--tool "$tool" --print-limit 1000 --port $(( 49152 + 16 * index )))
   [ "$tool" = memcheck ] && args+=(--leak-check full)
-  [ "$SANITIZE_SCOPE" = replay ] && args+=(--kernel-name regex:6replay)
+  [ "$SANITIZE_SCOPE" = replay ] && args+=(--kernel-name kns=6replay)
+  # shellcheck disable=SC2206
+  [ -n "$SANITIZE_EXTRA" ] && args+=($SANITIZE_EXTRA)
   limit=$SANITIZE_TIMEOUT
   if [ "$SANITIZE_END" -gt 0 ]; then
     left=$(( SANITIZE_END - $(date +%s) ))
@@ -117,6 +121,7 @@ out=$(cd "$out" && pwd)
 
 export SANITIZE_ONE=1 SANITIZE_OUT=$out SANITIZE_BIN=$(cd "$bin" && pwd) SANITIZE_TOOL=$sanitizer
 export SANITIZE_STEPS=$steps SANITIZE_WARMUP=$warmup SANITIZE_TIMEOUT=$timeout_s SANITIZE_SCOPE=$scope
+export SANITIZE_EXTRA=$extra
 export SANITIZE_END=$(( deadline > 0 ? $(date +%s) + deadline : 0 ))
 # Generated data (each workload's default) in one place, made once before the parallel runs.
 export REPLAY_DATA_DIR=${REPLAY_DATA_DIR:-$out/data}
@@ -124,7 +129,7 @@ mkdir -p "$REPLAY_DATA_DIR"
 "$sanitizer" --version | tail -n 1 > "$out/sanitizer_version.txt" 2>&1
 # Each binary once without the sanitizer (its exit code at the end of plain_<workload>.txt).
 for w in $workloads; do
-  ( "$bin/replay-$w" --preset tiny --graphs none --steps 1 --warmup 0 --seed 1 --skip-peak \
+  ( "$bin/replay-$w" --preset tiny --graphs none --steps "$steps" --warmup "$warmup" --seed 1 --skip-peak \
       > "$out/plain_$w.txt" 2>&1; echo "# exit $?" >> "$out/plain_$w.txt" ) &
 done
 wait

@@ -6,10 +6,11 @@ Every finding compute-sanitizer prints (a line "========= <what>" and its indent
 replay or to a library:
 - a kernel finding (memcheck's invalid accesses, initcheck's uninitialized reads, racecheck's
   hazards, synccheck's barrier errors) by the kernel's name: replay's kernels live in namespace
-  replay ("replay::" in the demangled name, as the --kernel-name filter "regex:6replay" selects them);
+  replay ("replay::" in the demangled name, as the --kernel-name filter "kns=6replay" selects them);
   any other kernel (cuBLASLt, cuDNN, CUB, NCCL) is a library's;
 - an API error or a leak by the host backtrace saved with it: the first frame that is not the CUDA
-  runtime or driver entry point; a frame in libcudnn, libcublas, libnccl ... is the library's.
+  runtime or driver entry point; a frame in libcudnn, libcublas, libnccl ... is the library's;
+- an "Internal Sanitizer Error" (the tool failed, e.g. on a hardware exception) to "sanitizer".
 
 A run is complete when compute-sanitizer printed its ERROR SUMMARY and the program exited 0. Exit
 status: 1 when any finding is replay's, else 2 when a run did not complete, else 0.
@@ -92,9 +93,13 @@ def owner_of_frames(frames):
 
 
 def classify(rec):
-    """(owner, what, kind): owner 'replay' or a library name; what the kernel or API call."""
+    """(owner, what, kind): owner 'replay', a library's name or 'sanitizer' (the tool's own failure,
+    which names no kernel: the program's error, in the same log, says what failed); what the kernel
+    or API call."""
     header = rec[0]
     kind = kind_of(header)
+    if header.startswith("Internal Sanitizer Error"):
+        return "library:sanitizer", "compute-sanitizer", kind
     names = functions(rec)
     if names:
         kernel = names[-1]  # the outermost device frame is the kernel itself
@@ -158,6 +163,10 @@ def read_run(path):
     run.update(parse_log(text))
     program_failed = "Target application returned an error" in text or \
         "process didn't terminate successfully" in text
+    # The program's own error line ("replay-gpt3: ..."), which says what failed.
+    m = re.search(r"^(replay-[a-z0-9]+: .*)$", text, re.M)
+    if m:
+        run["program_error"] = m.group(1)[:400]
     if rc == 124 or rc == 137:
         run["status"] = "timeout"
     elif run["error_summary"] is None:
@@ -194,7 +203,10 @@ def markdown(summary):
         lib = "; ".join(f"{e['count']}x {e['kind']} in {e['where']} ({e['owner']})" for e in r["library"])
         ours = "; ".join(f"{e['count']}x {e['kind']} in {e['where']}" for e in r["replay"])
         secs = f"{r['seconds']:.0f}" if r["seconds"] is not None else "-"
-        lines.append(f"| {r['tool']} | {r['workload']} | {r['mode']} | {r['status']} | {secs} | "
+        status = r["status"]
+        if status != "complete" and r.get("program_error"):
+            status += ": " + r["program_error"][:160].replace("|", "/")
+        lines.append(f"| {r['tool']} | {r['workload']} | {r['mode']} | {status} | {secs} | "
                      f"{ours or '0'} | {lib or '-'} |")
     for s in summary["not_run"]:
         lines.append(f"| {s} | not run |")

@@ -83,6 +83,25 @@ class ParseTest(unittest.TestCase):
         self.assertTrue(r["library"][0]["kind"].startswith("Error: Race reported between Write access"))
         self.assertEqual(r["racecheck_summary"], "1 hazard displayed (1 error, 0 warnings)")
 
+    def test_an_internal_sanitizer_error_is_the_tools_and_the_programs_error_is_kept(self):
+        text = ("========= COMPUTE-SANITIZER\n"
+                "========= Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.\n"
+                "========= \n"
+                "replay-gpt3: region 'layer0.fwd': cuDNN frontend error CUDNN_BACKEND_API_FAILED\n"
+                "========= Target application returned an error\n"
+                "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+        r = ss.parse_log(text)
+        self.assertEqual(r["replay"], [])
+        self.assertEqual([(e["owner"], e["where"]) for e in r["library"]], [("sanitizer", "compute-sanitizer")])
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "racecheck_gpt3_none.log"), "w") as f:
+                f.write(text)
+            with open(os.path.join(tmp, "racecheck_gpt3_none.meta"), "w") as f:
+                f.write("tool=racecheck\nworkload=gpt3\nmode=none\nrc=1\nseconds=6.0\n")
+            run = ss.read_run(os.path.join(tmp, "racecheck_gpt3_none.log"))
+            self.assertEqual(run["status"], "incomplete")  # no ERROR SUMMARY
+            self.assertTrue(run["program_error"].startswith("replay-gpt3: region 'layer0.fwd': cuDNN"))
+
     def test_a_clean_log_has_no_findings(self):
         r = ss.parse_log("========= COMPUTE-SANITIZER\nstep 0\n========= ERROR SUMMARY: 0 errors\n")
         self.assertEqual((r["error_summary"], r["replay"], r["library"]), (0, [], []))
@@ -137,7 +156,7 @@ class ScriptTest(unittest.TestCase):
         out = os.path.join(tmp, "out")
         p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitize.sh"), "--out", out, "--bin", bindir,
                             "--sanitizer", san, "--tools", tools, "--workloads", "gpt3 llama31",
-                            "--jobs", "4", "--timeout", "60"],
+                            "--jobs", "4", "--timeout", "60", "--sanitizer-args", "--check-bulk-copy no"],
                            capture_output=True, text=True, timeout=120)
         with open(os.path.join(out, "summary.json")) as f:
             return p, out, json.load(f)
@@ -154,7 +173,8 @@ class ScriptTest(unittest.TestCase):
             with open(os.path.join(out, "memcheck_gpt3_full.log")) as f:
                 log = f.read()
             self.assertIn("--leak-check full", log)
-            self.assertIn("--kernel-name regex:6replay", log)
+            self.assertIn("--kernel-name kns=6replay", log)
+            self.assertIn("--check-bulk-copy no", log)  # --sanitizer-args reach every run
             self.assertIn("--graphs full", log)
             bad = [r for r in s["runs"] if r["replay"]]
             self.assertEqual([(r["tool"], r["workload"], r["mode"]) for r in bad], [("racecheck", "gpt3", "layer")])
