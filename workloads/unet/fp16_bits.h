@@ -57,6 +57,13 @@ inline float half_bits_to_float(uint16_t h) {
   return sign ? -magnitude : magnitude;
 }
 
+// Round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t float_to_bf16_bits(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 inline bool half_bits_finite(uint16_t h) {
   return (h & 0x7c00u) != 0x7c00u;
 }

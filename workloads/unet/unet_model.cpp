@@ -24,6 +24,7 @@
 #include "workloads/unet/diffusion.h"
 #include "workloads/unet/elementwise.h"
 #include "workloads/unet/group_norm.h"
+#include "workloads/unet/latent_stream.h"
 #include "workloads/unet/pointwise.h"
 
 namespace replay::unet {
@@ -186,6 +187,7 @@ struct UnetModel::Impl {
        *dw16 = nullptr;
   float* table = nullptr;
   void* host = nullptr;                     // the training split, pinned: moments then text
+  std::unique_ptr<LatentStream> stream;     // UnetData::stream: the batches read ahead instead
   std::unique_ptr<data::BatchOrder> order;  // shuffled per epoch from the data seed
   std::vector<int64_t> rows;                // the samples of the batch being loaded
   int64_t next_batch = 0;
@@ -909,6 +911,17 @@ UnetModel::UnetModel(const Context& ctx, const UnetConfig& config,
                  "UNet: fewer training samples than one batch");
   impl_->build();
   const UnetData& d = *impl_->data;
+  if (d.stream) {
+    REPLAY_REQUIRE(d.shape.micro_batch == config.batch,
+                   "UNet: the stream's batch is not the model's");
+    LatentStreamOptions o;
+    o.shuffle = true;
+    o.seed = data_seed;
+    o.num_samples = d.samples;
+    o.text_bf16 = config.dtype == DType::kBF16;
+    impl_->stream = std::make_unique<LatentStream>(d.info.path, d.shape, o);
+    return;
+  }
   impl_->order = std::make_unique<data::BatchOrder>(d.samples, config.batch, true, data_seed);
   impl_->rows.resize(static_cast<size_t>(config.batch));
   const size_t moments = d.moments.size() * 2, text = d.text.size() * 2;
@@ -1238,6 +1251,10 @@ std::vector<graphs::Region> UnetModel::regions() {
 int UnetModel::load_batch(cudaStream_t stream) {
   Impl& m = *impl_;
   if (m.timer) m.timer->collect();  // the step before: a sync, --op-times only
+  if (m.stream) {
+    m.stream->next(stream, m.T(m.moments).data, m.T(m.context).data);
+    return 0;
+  }
   const UnetData& d = *m.data;
   const int64_t B = m.config.batch;
   const auto me =
@@ -1268,11 +1285,15 @@ int UnetModel::load_batch(cudaStream_t stream) {
 }
 
 int64_t UnetModel::data_position() const {
-  return impl_->next_batch;
+  return impl_->stream ? impl_->stream->position() : impl_->next_batch;
 }
 void UnetModel::seek_data(int64_t position) {
   REPLAY_REQUIRE(position >= 0, "UnetModel::seek_data: negative position");
-  impl_->next_batch = position;
+  if (impl_->stream) {
+    impl_->stream->seek(position);
+  } else {
+    impl_->next_batch = position;
+  }
 }
 
 std::vector<train::Model::NamedTensor> UnetModel::batch_tensors() const {

@@ -66,14 +66,18 @@ struct UnetConfig {
   std::string describe() const;
 };
 
-// The data of a run: the training split in pinned host memory (moments and text embeddings as fp16
-// bits), read once at set-up from a latent file. Batch p is batch p of common/data's BatchOrder
-// over those samples, shuffled per epoch from the data seed (the run's --seed), as the token files
-// of the other workloads are read; load_batch copies its samples into the static input buffers.
+// The data of a run. Batch p is batch p of common/data's BatchOrder over the training samples,
+// shuffled per epoch from the data seed (the run's --seed), as the token files of the other
+// workloads are read; load_batch copies its samples into the static input buffers. Either the
+// training split is in pinned host memory (moments and text embeddings as fp16 bits, or bf16 text
+// for a bf16 model), read once at set-up, or (stream) a LatentStream's prefetch thread reads each
+// batch from the file ahead of the step, as BatchStream does for token files.
 struct UnetData {
   LatentFileInfo info;
-  int64_t samples = 0;  // training samples held
-  std::vector<uint16_t> moments, text;
+  int64_t samples = 0;                  // training samples the batches are drawn from
+  std::vector<uint16_t> moments, text;  // held in memory: all `samples` of them
+  bool stream = false;                  // streamed from info.path instead (moments, text empty)
+  LatentDataShape shape;                // what the model takes (the stream validates against it)
 };
 
 // The network's structure without a GPU (no plans): parameter count and names in ParamStore order

@@ -21,12 +21,6 @@ namespace {
 
 constexpr int64_t kMaxLoadedSamples = 1024;  // the training split held in pinned memory
 
-uint16_t float_to_bf16_bits(float f) {
-  const uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 }  // namespace
 
 UnetConfig preset_config(const std::string& preset) {
@@ -80,6 +74,10 @@ void UnetWorkload::add_flags(CLI::App& app) {
                  "time every op with CUDA events (eager, --graphs none only; syncs every step) "
                  "and write the time per op class (convolution, GroupNorm, attention, ...) to "
                  "this JSON file");
+  app.add_flag("--data-stream", data_stream_,
+               "read each batch from the file ahead of the step on a prefetch thread (as the token "
+               "workloads do) instead of holding the training split in pinned memory; the default "
+               "for splits of more than 1,024 samples");
 }
 
 void UnetWorkload::resolve(const train::RunFlags& flags) {
@@ -176,7 +174,25 @@ void UnetWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
   const LatentFile file(path, shape);
   auto d = std::make_shared<UnetData>();
   d->info = file.info();
-  d->samples = std::min(d->info.training_samples(), kMaxLoadedSamples);
+  d->shape = shape;
+  const std::string floor = std::isfinite(d->info.provenance.loss_floor)
+                                ? ", loss floor " + std::to_string(d->info.provenance.loss_floor)
+                                : std::string();
+  if (data_stream_ || d->info.training_samples() > kMaxLoadedSamples) {
+    // Every training sample, read batch by batch ahead of the step (the model's LatentStream).
+    d->stream = true;
+    d->samples = d->info.training_samples();
+    data_ = d;
+    std::fprintf(out,
+                 "# data: %s: %" PRId64
+                 " training samples, streamed (a prefetch thread reads 4 "
+                 "batches ahead into pinned memory, shuffled per epoch), latent %" PRId64
+                 "x%" PRId64 "x%" PRId64 ", context %" PRId64 "x%" PRId64 "%s\n",
+                 path.c_str(), d->samples, c.latent_channels, c.latent, c.latent, c.context_len,
+                 c.context_dim, floor.c_str());
+    return;
+  }
+  d->samples = d->info.training_samples();
   d->moments.resize(static_cast<size_t>(d->samples * shape.moment_elements()));
   d->text.resize(static_cast<size_t>(d->samples * shape.text_elements()));
   file.read_samples(0, d->samples, d->moments.data(), d->text.data());
@@ -188,10 +204,7 @@ void UnetWorkload::open_data(const train::RunFlags& flags, std::FILE* out) {
                " held in pinned memory, shuffled per epoch), latent %" PRId64 "x%" PRId64
                "x%" PRId64 ", context %" PRId64 "x%" PRId64 "%s\n",
                path.c_str(), d->info.training_samples(), d->samples, c.latent_channels, c.latent,
-               c.latent, c.context_len, c.context_dim,
-               std::isfinite(d->info.provenance.loss_floor)
-                   ? (", loss floor " + std::to_string(d->info.provenance.loss_floor)).c_str()
-                   : "");
+               c.latent, c.context_len, c.context_dim, floor.c_str());
 }
 
 std::unique_ptr<train::Model> UnetWorkload::build(Context& ctx, const train::TrainingConfig&,

@@ -49,6 +49,7 @@ class UnetWorkload : public train::Workload {
   int64_t batch_flag_ = 0;
   std::string skip_mode_ = "noop";  // --skip-mode: how an overflow step skips the update
   std::string op_times_;            // --op-times FILE
+  bool data_stream_ = false;        // --data-stream
   std::string preset_;
   UnetConfig config_;
   int64_t data_samples_ = 0;  // the generated file's samples

@@ -12,6 +12,8 @@
 //   (16-bit and fp32 master) after 3 steps equal those after 2 clean steps (before and after the
 //   overflow step), a 4th step moves them, the scale printed for steps 0-2 is 65536 and for step 3
 //   32768, and all six runs agree bit for bit (the IF node changes nothing but what is launched).
+// - UnetDataStream: --data-stream (batches read ahead by a prefetch thread) trains bit-identically
+//   to the training split held in pinned memory, eager and in full mode.
 // - UnetOpTimes: --op-times in eager mode writes a time per op class; convolutions, GroupNorm,
 //   attention and linear layers all took time, and their calls per step match the tiny model.
 #include <gtest/gtest.h>
@@ -191,6 +193,19 @@ TEST(UnetInjectOverflow, SkipsExactlyStep2InEveryModeWithEitherSkipModeAndHalves
         expect_identical(*first, fault, mode + " " + skip + " vs none noop, with the overflow");
       }
     }
+  }
+}
+
+TEST(UnetDataStream, StreamedBatchesTrainBitIdenticallyToHeldOnes) {
+  // --data-stream reads each batch on a prefetch thread (LatentStream) in the same order the held
+  // split is drawn in: the same losses and weights, eager and in one graph.
+  const TinyRun held = run_mode("none", {"--steps", "5"});
+  EXPECT_NE(held.output.find("held in pinned memory"), std::string::npos) << held.output;
+  for (const std::string mode : {"none", "full"}) {
+    SCOPED_TRACE(mode);
+    const TinyRun streamed = run_mode(mode, {"--steps", "5", "--data-stream"});
+    EXPECT_NE(streamed.output.find("streamed"), std::string::npos) << streamed.output;
+    expect_identical(held, streamed, mode + " streamed vs held");
   }
 }
 

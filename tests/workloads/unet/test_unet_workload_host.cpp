@@ -157,6 +157,27 @@ TEST(UnetWorkloadFlags, SkipModeChoosesHowTheOptimizerSkipsAnOverflow) {
   resolved(timed, {"--preset", "tiny", "--graphs", "none", "--op-times", "t.json"});
 }
 
+TEST(UnetWorkloadFlags, DataStreamChoosesTheStreamedPath) {
+  // Without a GPU: open_data generates (or reuses) tiny's synthetic file and says which path reads
+  // it; a split of at most 1,024 samples is held in pinned memory unless --data-stream.
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    UnetWorkload w;
+    std::vector<std::string> args = {"--preset", "tiny"};
+    if (stream) args.push_back("--data-stream");
+    const train::RunFlags f = resolved(w, args);
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    w.open_data(f, out);
+    std::rewind(out);
+    std::string text(4096, '\0');
+    text.resize(std::fread(&text[0], 1, text.size(), out));
+    std::fclose(out);
+    EXPECT_EQ(text.find("streamed") != std::string::npos, stream) << text;
+    EXPECT_EQ(text.find("held in pinned memory") != std::string::npos, !stream) << text;
+  }
+}
+
 TEST(UnetStructure, OutputProjectionsStartAtZeroAsTheReferenceDoes) {
   // The reference (the MLPerf SD v2 UNet, ldm's openaimodel.py) wraps these in zero_module: each
   // residual block's second convolution, each spatial transformer's proj_out, conv_out.
