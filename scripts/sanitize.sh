@@ -59,9 +59,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# One run: --one TOOL WORKLOAD MODE INDEX, with the settings in the environment.
+# One run: --one TOOL WORKLOAD MODE, with the settings in the environment.
 if [ "${SANITIZE_ONE:-}" = 1 ]; then
-  tool=$1 wl=$2 mode=$3 index=${4:-0}
+  tool=$1 wl=$2 mode=$3
+  # The run's own number, the same in every invocation (two sanitize.sh may run at once).
+  pos() { local i=0 x; for x in $2; do [ "$x" = "$1" ] && { echo $i; return; }; i=$((i + 1)); done; echo $i; }
+  index=$(( $(pos "$tool" "memcheck initcheck synccheck racecheck") * 30 + \
+            $(pos "$wl" "gpt3 llama31 moe unet rnnt") * 3 + $(pos "$mode" "none layer full") ))
   base="$SANITIZE_OUT/${tool}_${wl}_${mode}"
   if [ "$SANITIZE_END" -gt 0 ] && [ "$(date +%s)" -ge "$SANITIZE_END" ]; then
     echo "$tool $wl $mode (the deadline passed before it started)" >> "$SANITIZE_OUT/not_run.txt"
@@ -135,9 +139,6 @@ done
 wait
 
 # Every tool x workload x mode, the tools in the order given (memcheck and initcheck first by default).
-i=0
-for t in $tools; do for w in $workloads; do for m in $modes; do
-  echo "$t $w $m $i"; i=$(( i + 1 ))
-done; done; done |
+for t in $tools; do for w in $workloads; do for m in $modes; do echo "$t $w $m"; done; done; done |
   xargs -P "$jobs" -L 1 bash "$0" --one
 python3 scripts/sanitize_summary.py "$out"
