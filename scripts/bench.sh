@@ -75,6 +75,14 @@ write_reports() {
     python3 scripts/report.py time-to-train --dir "$out/time_to_train" --out "$out/time_to_train" \
       && { echo; cat "$out/time_to_train/time_to_train_summary.md"; } >>"$out/summary.md"
   fi
+  if ls "$out"/multi_gpu/replay_*.json >/dev/null 2>&1; then
+    python3 scripts/report.py multi-gpu --dir "$out/multi_gpu" \
+      && { echo; cat "$out/multi_gpu/multi_gpu_summary.md"; } >>"$out/summary.md"
+  fi
+  if [ -f "$out/multi_gpu/comm/probe_sweep.json" ]; then
+    python3 scripts/report.py comm --json "$out/multi_gpu/comm/probe_sweep.json" --out "$out/multi_gpu/comm" \
+      && { echo; cat "$out/multi_gpu/comm/comm_summary.md"; } >>"$out/summary.md"
+  fi
   local dir title
   for dir in unet moe rnnt multi_gpu; do
     case $dir in
@@ -94,8 +102,16 @@ write_reports() {
 if [ "$report_only" = 1 ]; then
   [ -n "$out" ] && [ -f "$out/COMMAND" ] \
     || { echo "bench.sh: --report-only needs --out DIR, a folder a suite run wrote (with its COMMAND file)" >&2; exit 2; }
-  gpu_name=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["environment"]["gpu"])' \
-    "$out/replay_ops.json" 2>/dev/null || echo "(GPU not recorded: no replay_ops.json)")
+  gpu_name=$(python3 -c '
+import glob, json, sys
+for path in [sys.argv[1] + "/replay_ops.json", *sorted(glob.glob(sys.argv[1] + "/**/*.json", recursive=True))]:
+    try:
+        print(json.load(open(path))["environment"]["gpu"])
+        break
+    except Exception:
+        continue
+else:
+    print("(GPU not recorded in any run JSON)")' "$out")
   have_torch=$pytorch  # the PyTorch JSON that is there, unless --no-pytorch
   write_reports
   exit 0

@@ -1381,6 +1381,109 @@ def report_comm(json_path, out_dir):
     return md
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Many GPUs (bench.sh's multi_gpu section): the issue's targets
+# ---------------------------------------------------------------------------------------------------------
+
+MULTI_GPU_SHARD_TARGET = 1.12   # a tensor-parallel step / the same shard on one GPU, collectives not run
+MULTI_GPU_PYTORCH_TARGET = 0.85  # replay's full-graph TP step / PyTorch's graphed TP step
+MULTI_GPU_NAME = re.compile(r"^(replay|pytorch)_gpt3_175b(?:-tp4)?_(tp\d+sp|tp\d+shard_1gpu|tp\d+|dp\d+_onebucket|"
+                            r"dp\d+|1gpu)_(none|layer|full)$")
+
+
+def load_multi_gpu_runs(directory):
+    """{(tool, layout, mode): doc} from bench.sh's multi_gpu file names."""
+    runs = {}
+    for name in sorted(os.listdir(directory)):
+        m = MULTI_GPU_NAME.match(name[:-5]) if name.endswith(".json") else None
+        if m:
+            runs[(m.group(1), m.group(2), m.group(3))] = load_json(os.path.join(directory, name))
+    _require(runs, directory, "no multi-GPU run JSON (replay_gpt3_175b_tp2_full.json, ...) in it")
+    return runs
+
+
+def multi_gpu_targets(runs):
+    """The issue's targets: each tensor-parallel layout against the one-GPU shard, the full graph
+    against PyTorch's graphed TP step, graph modes against eager, loss hashes across modes, and the
+    collectives' bandwidth (not measured yet)."""
+    rep = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "replay"}
+    pt = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "pytorch"}
+    layouts = sorted({lay for lay, _ in rep})
+    tp_layouts = [lay for lay in layouts if lay.startswith("tp") and "shard" not in lay]
+    out = []
+
+    def ratio(name, a, b, limit, what_b):
+        if a is None or b is None:
+            return _target(name, None, limit, MISSING, f"no {'replay' if a is None else what_b} run")
+        r = _median(a) / _median(b)
+        return _target(name, r, limit, PASS if r <= limit else FAIL)
+
+    for lay in tp_layouts:
+        shard = lay.replace("sp", "") + "shard_1gpu"
+        out.append(ratio(f"{lay} full step / the shard on one GPU", rep.get((lay, "full")),
+                         rep.get((shard, "full")), MULTI_GPU_SHARD_TARGET, "one-GPU shard"))
+    for lay in tp_layouts:
+        base = lay.replace("sp", "")
+        out.append(ratio(f"{lay} full step / PyTorch {base} graphed", rep.get((lay, "full")),
+                         pt.get((base, "full")), MULTI_GPU_PYTORCH_TARGET, "PyTorch graphed"))
+    for lay in layouts:
+        for mode in ("layer", "full"):
+            a, e = rep.get((lay, mode)), rep.get((lay, "none"))
+            if a is None or e is None:
+                continue
+            r = _median(a) / _median(e)
+            note = ("layer mode reduce-scatters each gradient bucket inside the region that finishes it: "
+                    "nothing to overlap with" if lay.startswith("dp") and mode == "layer" and r > 1 else None)
+            # Within 1%: the run-to-run spread of a 10-30 step median.
+            out.append(_target(f"{lay} {mode} step / eager", r, 1.01, PASS if r <= 1.01 else FAIL, note))
+    for lay in layouts:
+        hashes = {m: d.get("loss_hash") for (l2, m), d in rep.items() if l2 == lay}
+        if len(hashes) > 1:
+            same = len(set(hashes.values())) == 1
+            out.append(_target(f"{lay}: loss hash identical across modes", None, None, PASS if same else FAIL,
+                               None if same else ", ".join(f"{m} {h}" for m, h in hashes.items())))
+    out.append(_target("collectives' bus bandwidth / the probe's at the same size", None, 0.80, MISSING,
+                       "not measured: the step reports its collectives' bytes, not their times"))
+    return out
+
+
+def report_multi_gpu(directory, out_dir):
+    """Writes out_dir/multi_gpu_summary.md: the issue's targets with verdicts, then what data
+    parallelism's buckets and sharded optimizer change. Returns the path."""
+    runs = load_multi_gpu_runs(directory)
+    targets = multi_gpu_targets(runs)
+    rows = []
+    for t in targets:
+        value = "-" if t["value"] is None else format(t["value"], t["spec"])
+        limit = ("equal" if t["limit"] is None else
+                 f">= {t['limit']:.2f}" if "bandwidth" in t["name"] else f"<= {t['limit']:.2f}")
+        rows.append([t["name"], value, limit, t["status"], t["note"] or ""])
+    lines = ["# Many GPUs: the targets", "", *table(["target", "value", "limit", "verdict", "note"], rows), ""]
+    rep = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "replay"}
+    facts = []
+    one, dp = rep.get(("1gpu", "full")), {lay: d for (lay, mode), d in rep.items() if lay.startswith("dp") and mode == "full"}
+    for lay, d in sorted(dp.items()):
+        par = d.get("parallel") or {}
+        line = f"- {lay} full: {_median(d):.2f} ms, {par.get('grad_buckets', '?')} gradient bucket(s)"
+        if one is not None:
+            line += f", {_median(d) / _median(one):.3f}x the shard on one GPU ({_median(one):.2f} ms)"
+            pa, pb = (d.get("memory") or {}).get("peak_bytes"), (one.get("memory") or {}).get("peak_bytes")
+            if pa and pb:
+                line += f"; peak memory {pa / 2**30:.2f} GiB against {pb / 2**30:.2f} GiB"
+        facts.append(line + ".")
+    hashes = {lay: d.get("loss_hash") for lay, d in dp.items()}
+    if len(hashes) > 1:
+        facts.append("- Loss hashes " + ("identical" if len(set(hashes.values())) == 1 else "differ") + " across "
+                     + ", ".join(f"{lay} ({h})" for lay, h in sorted(hashes.items())) + ".")
+    if facts:
+        lines += ["Data parallelism (the distributed optimizer):", "", *facts, ""]
+    os.makedirs(out_dir, exist_ok=True)
+    md = os.path.join(out_dir, "multi_gpu_summary.md")
+    with open(md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return md
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1417,6 +1520,11 @@ def build_parser():
     comm.add_argument("--json", required=True, help="JSON from replay-comm-probe --json")
     comm.add_argument("--out", required=True, help="output directory")
     comm.set_defaults(func=lambda a: report_comm(a.json, a.out))
+    mg = sub.add_parser("multi-gpu", help="bench.sh's multi-GPU runs against the issue's targets (the one-GPU "
+                                          "shard, PyTorch's TP, eager), with verdicts")
+    mg.add_argument("--dir", required=True, help="directory holding the runs' JSON (bench.sh's multi_gpu)")
+    mg.add_argument("--out", default=None, help="output directory (default: --dir)")
+    mg.set_defaults(func=lambda a: report_multi_gpu(a.dir, a.out or a.dir))
     return parser
 
 

@@ -977,5 +977,72 @@ class CommReport(TempDirCase):
             report.report_comm(self.write("probe.json", doc), self.dir)
 
 
+
+class MultiGpuReport(TempDirCase):
+    """bench.sh's multi_gpu runs against issue 27's targets."""
+
+    def run_doc(self, tool, mode, median_ms, tp=1, dp=1, loss_hash="aa", buckets=0, peak=20e9):
+        doc = workload_doc(tool, mode, median_ms, peak_bytes=peak, loss_hash=loss_hash)
+        doc["parallel"] = {"world_size": tp * dp, "tensor_parallel": tp, "data_parallel": dp,
+                           "grad_buckets": buckets}
+        return doc
+
+    def write_runs(self, tp_full=104.0, pytorch_full=125.0, dp_layer=50.0, sp_hash="bb"):
+        for mode, ms in (("none", 105.0), ("layer", 104.5), ("full", tp_full)):
+            self.write(f"replay_gpt3_175b_tp2_{mode}.json", self.run_doc("replay", mode, ms, tp=2, loss_hash="bb"))
+            self.write(f"replay_gpt3_175b_tp2sp_{mode}.json",
+                       self.run_doc("replay", mode, ms, tp=2, loss_hash=sp_hash if mode == "full" else "bb"))
+            self.write(f"replay_gpt3_175b_tp2shard_1gpu_{mode}.json", self.run_doc("replay", mode, 100.0))
+        for mode, ms in (("none", 47.0), ("layer", dp_layer), ("full", 47.0)):
+            self.write(f"replay_gpt3_175b-tp4_dp2_{mode}.json",
+                       self.run_doc("replay", mode, ms, dp=2, loss_hash="cc", buckets=10, peak=19e9))
+        self.write("replay_gpt3_175b-tp4_dp2_onebucket_full.json",
+                   self.run_doc("replay", "full", 51.0, dp=2, loss_hash="cc", buckets=1, peak=19e9))
+        self.write("replay_gpt3_175b-tp4_1gpu_full.json", self.run_doc("replay", "full", 42.0, peak=27e9))
+        self.write("pytorch_gpt3_175b_tp2_full.json", self.run_doc("pytorch", "full", pytorch_full, tp=2))
+        self.write("pytorch_gpt3_175b_tp2_none.json", self.run_doc("pytorch", "none", pytorch_full + 1, tp=2))
+        self.write("probe_sweep.json", {"tool": "replay-comm-probe"})  # not a run: ignored
+
+    def summary(self):
+        with open(report.report_multi_gpu(self.dir, self.dir)) as f:
+            return f.read()
+
+    def test_targets_pass_and_fail_on_their_limits(self):
+        self.write_runs()
+        md = self.summary()
+        self.assertEqual(table_row(md, "tp2 full step / the shard on one GPU")[1:4], ["1.040", "<= 1.12", "pass"])
+        self.assertEqual(table_row(md, "tp2 full step / PyTorch tp2 graphed")[1:4], ["0.832", "<= 0.85", "pass"])
+        self.assertEqual(table_row(md, "tp2sp full step / the shard on one GPU")[3], "pass")
+        row = table_row(md, "dp2 layer step / eager")
+        self.assertEqual(row[1:4], ["1.064", "<= 1.01", "FAIL"])
+        self.assertIn("nothing to overlap with", row[4])
+        self.assertEqual(table_row(md, "dp2 full step / eager")[3], "pass")
+        self.assertEqual(table_row(md, "tp2: loss hash identical across modes")[3], "pass")
+        self.assertEqual(table_row(md, "collectives' bus bandwidth / the probe's at the same size")[2:4],
+                         [">= 0.80", "missing"])
+        self.assertIn("dp2 full: 47.00 ms, 10 gradient bucket(s), 1.119x the shard on one GPU (42.00 ms)", md)
+        self.assertIn("dp2_onebucket full: 51.00 ms, 1 gradient bucket(s)", md)
+        self.assertIn("Loss hashes identical across dp2 (cc), dp2_onebucket (cc)", md)
+
+    def test_a_slow_tp_step_a_slow_replay_and_differing_hashes_fail(self):
+        self.write_runs(tp_full=115.0, pytorch_full=130.0, sp_hash="dd")
+        md = self.summary()
+        self.assertEqual(table_row(md, "tp2 full step / the shard on one GPU")[1:4], ["1.150", "<= 1.12", "FAIL"])
+        self.assertEqual(table_row(md, "tp2 full step / PyTorch tp2 graphed")[1:4], ["0.885", "<= 0.85", "FAIL"])
+        row = table_row(md, "tp2sp: loss hash identical across modes")
+        self.assertEqual(row[3], "FAIL")
+        self.assertIn("full dd", row[4])
+
+    def test_missing_pytorch_is_missing_not_passed(self):
+        self.write_runs()
+        os.remove(os.path.join(self.dir, "pytorch_gpt3_175b_tp2_full.json"))
+        md = self.summary()
+        self.assertEqual(table_row(md, "tp2 full step / PyTorch tp2 graphed")[3], "missing")
+
+    def test_a_directory_without_runs_is_an_error(self):
+        self.write("probe_sweep.json", {"tool": "replay-comm-probe"})
+        with self.assertRaisesRegex(report.ReportError, "no multi-GPU run JSON"):
+            report.report_multi_gpu(self.dir, self.dir)
+
 if __name__ == "__main__":
     unittest.main()

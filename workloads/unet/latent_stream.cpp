@@ -170,10 +170,9 @@ void LatentStream::next(cudaStream_t stream, void* dst_moments, void* dst_text) 
     std::memcpy(dst_moments, slot.data, moment_bytes);
     std::memcpy(dst_text, text, text_bytes);
   } else {
-    REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst_moments, slot.data, moment_bytes,
-                                      cudaMemcpyHostToDevice, stream));
     REPLAY_CUDA_CHECK(
-        cudaMemcpyAsync(dst_text, text, text_bytes, cudaMemcpyHostToDevice, stream));
+        cudaMemcpyAsync(dst_moments, slot.data, moment_bytes, cudaMemcpyHostToDevice, stream));
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst_text, text, text_bytes, cudaMemcpyHostToDevice, stream));
     REPLAY_CUDA_CHECK(cudaEventRecord(slot.copied.get(), stream));
   }
   {
