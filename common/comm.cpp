@@ -4,25 +4,22 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "common/check.h"
 #include "common/hash.h"
 
 namespace replay::comm {
-
-namespace {
-
-World g_world;
-bool g_initialized = false;
-bool g_we_initialized_mpi = false;
 
 const char* dtype_name(ncclDataType_t t) {
   switch (t) {
@@ -42,6 +39,12 @@ const char* dtype_name(ncclDataType_t t) {
       return "other";
   }
 }
+
+namespace {
+
+World g_world;
+bool g_initialized = false;
+bool g_we_initialized_mpi = false;
 
 const char* op_name(ncclRedOp_t op) {
   switch (op) {
@@ -168,6 +171,7 @@ Communicator::Communicator(const World& w, std::string name, int color, Collecti
 }
 
 Communicator::~Communicator() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
 }
 
@@ -194,7 +198,7 @@ uint64_t collective_bytes(Kind k, size_t count, ncclDataType_t dtype, int ranks)
   return k == Kind::kAllReduce ? bytes : bytes * static_cast<uint64_t>(ranks);
 }
 
-void Communicator::record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op,
+bool Communicator::record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op,
                           cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   REPLAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
@@ -204,33 +208,119 @@ void Communicator::record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_
     eager_.bytes += collective_bytes(k, count, dtype, size_);
   }
   if (log_ != nullptr) log_->record({k, count, dtype, op, name_}, captured);
+  return !captured;
+}
+
+void Communicator::begin_timing(int capacity) {
+  REPLAY_REQUIRE(capacity > 0, "Communicator::begin_timing: capacity must be positive");
+  while (static_cast<int>(events_.size()) < 2 * capacity) {
+    cudaEvent_t e = nullptr;
+    REPLAY_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  timed_.clear();
+  timing_ = true;
+}
+
+int Communicator::time_start(bool eager, Kind k, uint64_t bytes, ncclDataType_t dtype,
+                             cudaStream_t stream) {
+  if (!timing_ || !eager || 2 * (timed_.size() + 1) > events_.size()) return -1;
+  const int i = static_cast<int>(timed_.size());
+  timed_.push_back({k, bytes, dtype, 0.0f});
+  REPLAY_CUDA_CHECK(cudaEventRecord(events_[2 * static_cast<size_t>(i)], stream));
+  return i;
+}
+
+void Communicator::time_end(int index, cudaStream_t stream) {
+  if (index >= 0)
+    REPLAY_CUDA_CHECK(cudaEventRecord(events_[2 * static_cast<size_t>(index) + 1], stream));
+}
+
+std::vector<TimedCollective> Communicator::timed() const {
+  std::vector<TimedCollective> out = timed_;
+  for (size_t i = 0; i < out.size(); ++i) {
+    REPLAY_CUDA_CHECK(cudaEventSynchronize(events_[2 * i + 1]));
+    REPLAY_CUDA_CHECK(cudaEventElapsedTime(&out[i].ms, events_[2 * i], events_[2 * i + 1]));
+  }
+  return out;
+}
+
+double bus_bandwidth_factor(Kind k, int ranks) {
+  const double n = ranks;
+  return k == Kind::kAllReduce ? 2.0 * (n - 1) / n : (n - 1) / n;
+}
+
+std::vector<CollectiveTiming> summarize_timings(const std::string& comm,
+                                                const std::vector<TimedCollective>& calls,
+                                                int ranks, int steps) {
+  REPLAY_REQUIRE(steps > 0 && ranks > 0, "summarize_timings: steps and ranks must be positive");
+  std::map<std::tuple<uint64_t, int, int>, std::vector<float>> groups;  // (bytes, kind, dtype)
+  for (const TimedCollective& c : calls)
+    groups[{c.bytes, static_cast<int>(c.kind), static_cast<int>(c.dtype)}].push_back(c.ms);
+  std::vector<CollectiveTiming> out;
+  for (auto& [key, ms] : groups) {
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    const double median = n % 2 ? ms[n / 2] : 0.5 * (double(ms[n / 2 - 1]) + double(ms[n / 2]));
+    CollectiveTiming t;
+    t.comm = comm;
+    t.bytes = std::get<0>(key);
+    t.kind = static_cast<Kind>(std::get<1>(key));
+    t.dtype = static_cast<ncclDataType_t>(std::get<2>(key));
+    t.calls_per_step = static_cast<double>(n) / steps;
+    t.median_us = median * 1e3;
+    t.busbw_gbps = median > 0 ? static_cast<double>(t.bytes) / (median * 1e-3) / 1e9 *
+                                    bus_bandwidth_factor(t.kind, ranks)
+                              : 0.0;
+    out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CollectiveTiming& a, const CollectiveTiming& b) { return a.bytes > b.bytes; });
+  return out;
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                               ncclRedOp_t op, cudaStream_t stream) {
-  record(Kind::kAllReduce, count, dtype, op, stream);
+  const bool eager = record(Kind::kAllReduce, count, dtype, op, stream);
+  const int t = time_start(eager, Kind::kAllReduce,
+                           collective_bytes(Kind::kAllReduce, count, dtype, size_), dtype, stream);
   REPLAY_NCCL_CHECK(ncclAllReduce(send, recv, count, dtype, op, comm_, stream));
+  time_end(t, stream);
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                                   ncclRedOp_t op, cudaStream_t stream) {
-  record(Kind::kReduceScatter, count, dtype, op, stream);
+  const bool eager = record(Kind::kReduceScatter, count, dtype, op, stream);
+  const int t =
+      time_start(eager, Kind::kReduceScatter,
+                 collective_bytes(Kind::kReduceScatter, count, dtype, size_), dtype, stream);
   REPLAY_NCCL_CHECK(ncclReduceScatter(send, recv, count, dtype, op, comm_, stream));
+  time_end(t, stream);
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                               cudaStream_t stream) {
-  record(Kind::kAllGather, count, dtype, ncclSum, stream);
+  const bool eager = record(Kind::kAllGather, count, dtype, ncclSum, stream);
+  const int t = time_start(eager, Kind::kAllGather,
+                           collective_bytes(Kind::kAllGather, count, dtype, size_), dtype, stream);
   REPLAY_NCCL_CHECK(ncclAllGather(send, recv, count, dtype, comm_, stream));
+  time_end(t, stream);
 }
 
 void Communicator::all_reduce_group(const std::vector<std::pair<void*, size_t>>& buffers,
                                     ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream) {
-  for (const auto& [ptr, count] : buffers) record(Kind::kAllReduce, count, dtype, op, stream);
+  bool eager = false;
+  uint64_t bytes = 0;
+  for (const auto& [ptr, count] : buffers) {
+    eager = record(Kind::kAllReduce, count, dtype, op, stream);
+    bytes += collective_bytes(Kind::kAllReduce, count, dtype, size_);
+  }
+  const int t = time_start(eager, Kind::kAllReduce, bytes, dtype, stream);
   REPLAY_NCCL_CHECK(ncclGroupStart());
   for (const auto& [ptr, count] : buffers)
     REPLAY_NCCL_CHECK(ncclAllReduce(ptr, ptr, count, dtype, op, comm_, stream));
   REPLAY_NCCL_CHECK(ncclGroupEnd());
+  time_end(t, stream);
 }
 
 std::string Communicator::async_error() const {

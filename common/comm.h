@@ -72,6 +72,34 @@ struct CollectiveRecord {
   std::string describe() const;
 };
 
+// One eager collective timed by its communicator (Communicator::begin_timing): what it was and how
+// long the stream spent in it, from the event before the NCCL call to the event after.
+struct TimedCollective {
+  Kind kind;
+  uint64_t bytes;  // collective_bytes (a grouped all-reduce: the sum of its buffers)
+  ncclDataType_t dtype;
+  float ms;
+};
+
+// The timed collectives of a communicator of `ranks`, grouped by kind, dtype and size: calls per
+// step (the group's calls / `steps`), the median time and the bus bandwidth at that median as
+// nccl-tests computes it (algorithm bandwidth bytes / time, x 2(n-1)/n for an all-reduce, x (n-1)/n
+// for a reduce-scatter or an all-gather). Largest first.
+struct CollectiveTiming {
+  std::string comm;
+  Kind kind;
+  ncclDataType_t dtype;
+  uint64_t bytes = 0;
+  double calls_per_step = 0;
+  double median_us = 0;
+  double busbw_gbps = 0;  // 1e9 bytes a second
+};
+std::vector<CollectiveTiming> summarize_timings(const std::string& comm,
+                                                const std::vector<TimedCollective>& calls,
+                                                int ranks, int steps);
+double bus_bandwidth_factor(Kind k, int ranks);
+const char* dtype_name(ncclDataType_t dtype);  // "bf16", "f32", ...
+
 class CollectiveLog {
  public:
   void record(CollectiveRecord r, bool captured);
@@ -117,13 +145,26 @@ class Communicator {
   // communication volume of a step, which graphs replay unchanged).
   const Traffic& eager_traffic() const { return eager_; }
 
+  // Timing of the eager collectives enqueued between begin_timing() and end_timing() (a step's
+  // warm-up, outside any capture and any timed step): an event before and after each, at most
+  // `capacity` of them (created here, before the step runs). timed() synchronizes on the events
+  // and returns what they measured; captured collectives are not timed.
+  void begin_timing(int capacity);
+  void end_timing() { timing_ = false; }
+  std::vector<TimedCollective> timed() const;
+
   // nccl's asynchronous error ("" when none); abort() tears the communicator down at once.
   std::string async_error() const;
   void abort();
   bool aborted() const { return aborted_; }
 
  private:
-  void record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream);
+  // Logs the collective; returns whether it is eager (not captured).
+  bool record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream);
+  // begin_timing: the event before an eager collective (its index, or -1 when not timing), and
+  // the one after it.
+  int time_start(bool eager, Kind k, uint64_t bytes, ncclDataType_t dtype, cudaStream_t stream);
+  void time_end(int index, cudaStream_t stream);
 
   std::string name_;
   int rank_ = 0, size_ = 1;
@@ -131,6 +172,9 @@ class Communicator {
   CollectiveLog* log_ = nullptr;
   Traffic eager_;
   bool aborted_ = false;
+  bool timing_ = false;
+  std::vector<cudaEvent_t> events_;     // begin_timing's pairs: [2i] before, [2i + 1] after call i
+  std::vector<TimedCollective> timed_;  // the calls timed so far (ms filled by timed())
 };
 
 // Every rank's captured sequence against every other's, over MPI (a no-op in a world of one).

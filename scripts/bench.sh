@@ -346,7 +346,18 @@ if want multi_gpu && [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 &&
     mkdir -p "$out/multi_gpu/comm"
     run "multi_gpu/comm/probe_sweep" mpiexec -n "$tp" "$bin/replay-comm-probe" --graph \
       --json "$out/multi_gpu/comm/probe_sweep.json"
-    run "multi_gpu/comm/probe_step_sizes" mpiexec -n "$tp" "$bin/replay-comm-probe" --sizes 48K,48M --in-place \
+    # At the sizes of the bandwidth-bound collectives the runs above timed in their warm-ups
+    # (parallel.collectives), which report.py multi-gpu sets side by side.
+    step_sizes=$(python3 -c '
+import glob, json, sys
+sizes = set()
+for path in glob.glob(sys.argv[1] + "/replay_*_full.json"):
+    try:
+        sizes |= {c["bytes"] for c in json.load(open(path))["parallel"]["collectives"] if c["bytes"] >= 1 << 20}
+    except Exception:
+        pass
+print(",".join(str(b) for b in sorted(sizes)) or "48K,48M")' "$out/multi_gpu")
+    run "multi_gpu/comm/probe_step_sizes" mpiexec -n "$tp" "$bin/replay-comm-probe" --sizes "$step_sizes" --in-place \
       --graph --json "$out/multi_gpu/comm/probe_step_sizes.json"
   fi
   if [ "$have_torch" = 1 ]; then

@@ -1402,10 +1402,55 @@ def load_multi_gpu_runs(directory):
     return runs
 
 
-def multi_gpu_targets(runs):
+COLLECTIVE_BANDWIDTH_TARGET = 0.80  # the step's collective's bus bandwidth / the probe's at its size
+COLLECTIVE_MIN_BYTES = 1 << 20      # smaller collectives are latency-bound: not judged on bandwidth
+
+
+def _probe_busbw(probe, collective, dtype, nbytes):
+    """The probe's eager bus bandwidth for this collective, dtype and size, or None."""
+    dtype = {"f32": "fp32", "f16": "fp16"}.get(dtype, dtype)
+    for r in (probe or {}).get("results", []):
+        if (r.get("collective"), r.get("dtype"), r.get("mode"), r.get("bytes")) == (collective, dtype, "eager", nbytes):
+            return r.get("busbw_gbps")
+    return None
+
+
+def collective_bandwidth_targets(runs, probe):
+    """Each full-mode replay run's bandwidth-bound collectives (their warm-up timing, JSON
+    parallel.collectives) against replay-comm-probe's eager bus bandwidth at the same collective,
+    dtype and size."""
+    out = []
+    for (tool, lay, mode), d in sorted(runs.items()):
+        if tool != "replay" or mode != "full":
+            continue
+        for c in (d.get("parallel") or {}).get("collectives") or []:
+            if c.get("bytes", 0) < COLLECTIVE_MIN_BYTES:
+                continue
+            name = (f"{lay}: {c['comm']} {c['collective']} {c['dtype']} {_fmt_bytes(c['bytes'])}, "
+                    "bus bandwidth / the probe's")
+            ref = _probe_busbw(probe, c["collective"], c["dtype"], c["bytes"])
+            if probe is None or not ref:
+                why = "no probe JSON (multi_gpu/comm/probe_step_sizes.json)" if probe is None else \
+                    "the probe did not run this collective, dtype and size"
+                out.append(_target(name, None, COLLECTIVE_BANDWIDTH_TARGET, MISSING, why))
+                continue
+            r = c["busbw_gbps"] / ref
+            out.append(_target(name, r, COLLECTIVE_BANDWIDTH_TARGET,
+                               PASS if r >= COLLECTIVE_BANDWIDTH_TARGET else FAIL,
+                               f"{c['busbw_gbps']:.1f} against {ref:.1f} GB/s, {c['median_us']:.1f} us median "
+                               f"in the warm-up"))
+    if not out:
+        out.append(_target("collectives' bus bandwidth / the probe's at the same size", None,
+                           COLLECTIVE_BANDWIDTH_TARGET, MISSING,
+                           "no full-mode run reports its collectives' times (parallel.collectives)"))
+    return out
+
+
+def multi_gpu_targets(runs, probe=None):
     """The issue's targets: each tensor-parallel layout against the one-GPU shard, the full graph
     against PyTorch's graphed TP step, graph modes against eager, loss hashes across modes, and the
-    collectives' bandwidth (not measured yet)."""
+    step's collectives' bus bandwidth against the probe's (`probe`: replay-comm-probe's JSON at the
+    step's sizes)."""
     rep = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "replay"}
     pt = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "pytorch"}
     layouts = sorted({lay for lay, _ in rep})
@@ -1442,16 +1487,16 @@ def multi_gpu_targets(runs):
             same = len(set(hashes.values())) == 1
             out.append(_target(f"{lay}: loss hash identical across modes", None, None, PASS if same else FAIL,
                                None if same else ", ".join(f"{m} {h}" for m, h in hashes.items())))
-    out.append(_target("collectives' bus bandwidth / the probe's at the same size", None, 0.80, MISSING,
-                       "not measured: the step reports its collectives' bytes, not their times"))
-    return out
+    return out + collective_bandwidth_targets(runs, probe)
 
 
 def report_multi_gpu(directory, out_dir):
     """Writes out_dir/multi_gpu_summary.md: the issue's targets with verdicts, then what data
     parallelism's buckets and sharded optimizer change. Returns the path."""
     runs = load_multi_gpu_runs(directory)
-    targets = multi_gpu_targets(runs)
+    probe_path = os.path.join(directory, "comm", "probe_step_sizes.json")
+    probe = load_json(probe_path) if os.path.exists(probe_path) else None
+    targets = multi_gpu_targets(runs, probe)
     rows = []
     for t in targets:
         value = "-" if t["value"] is None else format(t["value"], t["spec"])

@@ -330,6 +330,14 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     std::fprintf(
         out, "# collectives: %" PRIu64 " a step, %.2f MB (this rank's calls, nccl-tests' sizes)\n",
         t->calls, static_cast<double>(t->bytes) / 1e6);
+  for (const comm::CollectiveTiming& c : trainer.collective_timings())
+    if (c.bytes >= (1 << 20))  // the bandwidth-bound ones
+      std::fprintf(out,
+                   "#   %s %s %s %.1f MiB x %.3g a step: %.1f us median in the warm-up, %.1f GB/s "
+                   "bus bandwidth\n",
+                   c.comm.c_str(), comm::kind_name(c.kind), comm::dtype_name(c.dtype),
+                   static_cast<double>(c.bytes) / double(1 << 20), c.calls_per_step, c.median_us,
+                   c.busbw_gbps);
   if (graphed) {
     std::fputs(trainer.step_plan().describe().c_str(), out);
     if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
@@ -499,6 +507,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   rep.world_size = world.size;
   rep.data_parallel = dp;
   if (dp > 1) rep.grad_buckets = static_cast<int64_t>(model->params().buckets().size());
+  for (const comm::CollectiveTiming& c : trainer.collective_timings())
+    rep.collectives.push_back({c.comm, comm::kind_name(c.kind), comm::dtype_name(c.dtype),
+                               static_cast<int64_t>(c.bytes), c.calls_per_step, c.median_us,
+                               c.busbw_gbps});
   rep.tensor_parallel = tp;
   rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
   if (const auto& t = trainer.step_traffic()) {

@@ -405,13 +405,30 @@ void Trainer::prepare() {
     return t;
   };
   const comm::Traffic before = traffic();
+  // ... and each eager collective of the warm-up is timed (events around it): the bandwidth the
+  // step's collectives reach, with the step's other work around them.
+  comm::Communicator* comms[] = {options_.data_parallel, options_.tensor_parallel};
+  for (comm::Communicator* c : comms)
+    if (c != nullptr) c->begin_timing(kTimedCollectives);
   step_plan_->prepare(ctx_.stream());
+  for (comm::Communicator* c : comms)
+    if (c != nullptr) c->end_timing();
   const comm::Traffic after = traffic();
   const auto steps = static_cast<uint64_t>(options_.warmup) *
                      static_cast<uint64_t>(std::max<size_t>(model_.shape_keys().size(), 1));
-  if (steps > 0 && (options_.data_parallel != nullptr || options_.tensor_parallel != nullptr))
+  if (steps > 0 && (options_.data_parallel != nullptr || options_.tensor_parallel != nullptr)) {
     step_traffic_ =
         comm::Traffic{(after.calls - before.calls) / steps, (after.bytes - before.bytes) / steps};
+    collective_timings_.clear();
+    for (comm::Communicator* c : comms) {
+      if (c == nullptr) continue;
+      const std::vector<comm::TimedCollective> timed = c->timed();
+      if (timed.empty()) continue;
+      for (comm::CollectiveTiming& t :
+           comm::summarize_timings(c->name(), timed, c->size(), static_cast<int>(steps)))
+        collective_timings_.push_back(std::move(t));
+    }
+  }
   model_.select_shape(key_);  // the plan leaves its last key selected
 }
 

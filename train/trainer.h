@@ -131,6 +131,12 @@ class Trainer {
   // Multi-process runs: the collectives of one step and their bytes (comm::collective_bytes),
   // counted in the eager warm-up (after prepare(); none with --warmup 0 or one process).
   const std::optional<comm::Traffic>& step_traffic() const { return step_traffic_; }
+  // The warm-up's eager collectives, timed: per communicator, kind, dtype and size, the calls a
+  // step, the median time and the bus bandwidth (multi-GPU runs with a warm-up; empty otherwise).
+  const std::vector<comm::CollectiveTiming>& collective_timings() const {
+    return collective_timings_;
+  }
+  static constexpr int kTimedCollectives = 4096;  // per communicator, over the whole warm-up
   // The region --inject planted its fault in ("" without one).
   const std::string& fault_region() const { return fault_region_; }
 
@@ -167,6 +173,7 @@ class Trainer {
   int key_ = 0;  // the shape key of the batch last loaded
   int64_t steps_enqueued_ = 0;
   std::optional<comm::Traffic> step_traffic_;
+  std::vector<comm::CollectiveTiming> collective_timings_;
   std::string fault_region_;
   std::unique_ptr<graphs::RngTracker> rng_;
   std::unique_ptr<graphs::ReadbackRing> readback_;

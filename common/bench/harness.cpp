@@ -298,6 +298,16 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
        r.collectives_per_step < 0 ? ordered_json(nullptr) : ordered_json(r.collectives_per_step)},
       {"comm_bytes_per_step",
        r.comm_bytes_per_step < 0 ? ordered_json(nullptr) : ordered_json(r.comm_bytes_per_step)}};
+  ordered_json collectives = ordered_json::array();
+  for (const WorkloadReport::CollectiveStat& c : r.collectives)
+    collectives.push_back({{"comm", c.comm},
+                           {"collective", c.collective},
+                           {"dtype", c.dtype},
+                           {"bytes", c.bytes},
+                           {"calls_per_step", c.calls_per_step},
+                           {"median_us", c.median_us},
+                           {"busbw_gbps", c.busbw_gbps}});
+  j["parallel"]["collectives"] = collectives;
   return j;
 }
 

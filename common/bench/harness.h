@@ -162,6 +162,14 @@ struct WorkloadReport {
   std::vector<double> rank_step_ms;
   // The collectives of one step and their bytes (nccl-tests' sizes); -1: not counted.
   int64_t grad_buckets = 0;  // data parallel: gradient buckets reduce-scattered a step
+  // The step's collectives as the warm-up timed them (one rank's view; multi-GPU runs): each
+  // communicator's kinds, dtypes and sizes, the calls a step, the median time, the bus bandwidth.
+  struct CollectiveStat {
+    std::string comm, collective, dtype;
+    int64_t bytes = 0;
+    double calls_per_step = 0, median_us = 0, busbw_gbps = 0;
+  };
+  std::vector<CollectiveStat> collectives;
   int64_t collectives_per_step = -1;
   int64_t comm_bytes_per_step = -1;
 

@@ -1039,6 +1039,35 @@ class MultiGpuReport(TempDirCase):
         md = self.summary()
         self.assertEqual(table_row(md, "tp2 full step / PyTorch tp2 graphed")[3], "missing")
 
+    def test_the_steps_collectives_against_the_probe(self):
+        self.write_runs()
+        doc = self.run_doc("replay", "full", 104.0, tp=2, loss_hash="bb")
+        doc["parallel"]["collectives"] = [
+            {"comm": "tensor-parallel", "collective": "all_reduce", "dtype": "bf16", "bytes": 48 << 20,
+             "calls_per_step": 14, "median_us": 200.0, "busbw_gbps": 251.7},
+            {"comm": "tensor-parallel", "collective": "all_gather", "dtype": "f32", "bytes": 96 << 20,
+             "calls_per_step": 1, "median_us": 900.0, "busbw_gbps": 55.9},
+            {"comm": "tensor-parallel", "collective": "reduce_scatter", "dtype": "bf16", "bytes": 24 << 20,
+             "calls_per_step": 1, "median_us": 100.0, "busbw_gbps": 125.8},
+            {"comm": "tensor-parallel", "collective": "all_gather", "dtype": "f32", "bytes": 48 << 10,
+             "calls_per_step": 1, "median_us": 12.0, "busbw_gbps": 2.0}]  # latency-bound: not judged
+        self.write("replay_gpt3_175b_tp2_full.json", doc)
+        os.makedirs(os.path.join(self.dir, "comm"))
+        probe = {"tool": "replay-comm-probe", "results": [
+            {"collective": "all_reduce", "dtype": "bf16", "mode": "eager", "bytes": 48 << 20, "busbw_gbps": 262.0},
+            {"collective": "all_reduce", "dtype": "bf16", "mode": "graph", "bytes": 48 << 20, "busbw_gbps": 999.0},
+            {"collective": "all_gather", "dtype": "fp32", "mode": "eager", "bytes": 96 << 20, "busbw_gbps": 250.0}]}
+        self.write("comm/probe_step_sizes.json", probe)
+        md = self.summary()
+        row = table_row(md, "tp2: tensor-parallel all_reduce bf16 48 MiB, bus bandwidth / the probe's")
+        self.assertEqual(row[1:4], ["0.961", ">= 0.80", "pass"])  # against the eager probe, not the graph
+        row = table_row(md, "tp2: tensor-parallel all_gather f32 96 MiB, bus bandwidth / the probe's")
+        self.assertEqual(row[1:4], ["0.224", ">= 0.80", "FAIL"])
+        row = table_row(md, "tp2: tensor-parallel reduce_scatter bf16 24 MiB, bus bandwidth / the probe's")
+        self.assertEqual(row[3], "missing")
+        self.assertIn("did not run this collective", row[4])
+        self.assertNotIn("48 KiB", md)
+
     def test_a_directory_without_runs_is_an_error(self):
         self.write("probe_sweep.json", {"tool": "replay-comm-probe"})
         with self.assertRaisesRegex(report.ReportError, "no multi-GPU run JSON"):
