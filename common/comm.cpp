@@ -123,6 +123,8 @@ const char* kind_name(Kind k) {
       return "reduce_scatter";
     case Kind::kAllGather:
       return "all_gather";
+    case Kind::kAllToAll:
+      return "all_to_all";
   }
   return "collective";
 }
@@ -130,7 +132,7 @@ const char* kind_name(Kind k) {
 std::string CollectiveRecord::describe() const {
   std::ostringstream os;
   os << kind_name(kind) << "(" << dtype_name(dtype) << " x " << count;
-  if (kind != Kind::kAllGather) os << ", " << op_name(op);
+  if (kind != Kind::kAllGather && kind != Kind::kAllToAll) os << ", " << op_name(op);
   os << ") on '" << comm << "'";
   return os.str();
 }
@@ -319,6 +321,25 @@ void Communicator::all_reduce_group(const std::vector<std::pair<void*, size_t>>&
   REPLAY_NCCL_CHECK(ncclGroupStart());
   for (const auto& [ptr, count] : buffers)
     REPLAY_NCCL_CHECK(ncclAllReduce(ptr, ptr, count, dtype, op, comm_, stream));
+  REPLAY_NCCL_CHECK(ncclGroupEnd());
+  time_end(t, stream);
+}
+
+void Communicator::all_to_all(const void* send, void* recv, size_t count_per_peer,
+                              ncclDataType_t dtype, cudaStream_t stream) {
+  const bool eager = record(Kind::kAllToAll, count_per_peer, dtype, ncclSum, stream);
+  const uint64_t bytes = collective_bytes(Kind::kAllToAll, count_per_peer, dtype, size_);
+  const int t = time_start(eager, Kind::kAllToAll, bytes, dtype, stream);
+  const size_t block = static_cast<size_t>(bytes) / static_cast<size_t>(size_);
+  const auto* s = static_cast<const char*>(send);
+  auto* r = static_cast<char*>(recv);
+  REPLAY_NCCL_CHECK(ncclGroupStart());
+  for (int p = 0; p < size_; ++p) {
+    REPLAY_NCCL_CHECK(
+        ncclSend(s + static_cast<size_t>(p) * block, count_per_peer, dtype, p, comm_, stream));
+    REPLAY_NCCL_CHECK(
+        ncclRecv(r + static_cast<size_t>(p) * block, count_per_peer, dtype, p, comm_, stream));
+  }
   REPLAY_NCCL_CHECK(ncclGroupEnd());
   time_end(t, stream);
 }

@@ -51,10 +51,11 @@ const World& world();
 // MPI_Finalize when init_world initialized MPI (at exit of main).
 void finalize_world();
 
-enum class Kind { kAllReduce, kReduceScatter, kAllGather };
+enum class Kind { kAllReduce, kReduceScatter, kAllGather, kAllToAll };
 const char* kind_name(Kind k);
 // A collective's size as nccl-tests counts it: the buffer reduced (all-reduce), or the whole
-// buffer gathered or scattered, count x ranks elements (all-gather, reduce-scatter).
+// buffer gathered or scattered, count x ranks elements (all-gather, reduce-scatter), or the whole
+// send buffer of an all-to-all (count per peer x ranks, this rank's own block included).
 uint64_t collective_bytes(Kind k, size_t count, ncclDataType_t dtype, int ranks);
 
 // What a communicator enqueued eagerly (outside any capture): calls and bytes (collective_bytes).
@@ -65,7 +66,8 @@ struct Traffic {
 
 struct CollectiveRecord {
   Kind kind;
-  size_t count;  // elements each rank receives (all-gather, reduce-scatter) or reduces (all-reduce)
+  size_t count;  // elements each rank receives (all-gather, reduce-scatter), reduces (all-reduce),
+                 // or sends to each peer (all-to-all)
   ncclDataType_t dtype;
   ncclRedOp_t op;
   std::string comm;  // the communicator's name
@@ -84,7 +86,7 @@ struct TimedCollective {
 // The timed collectives of a communicator of `ranks`, grouped by kind, dtype and size: calls per
 // step (the group's calls / `steps`), the median time and the bus bandwidth at that median as
 // nccl-tests computes it (algorithm bandwidth bytes / time, x 2(n-1)/n for an all-reduce, x (n-1)/n
-// for a reduce-scatter or an all-gather). Largest first.
+// for a reduce-scatter, an all-gather or an all-to-all). Largest first.
 struct CollectiveTiming {
   std::string comm;
   Kind kind;
@@ -140,6 +142,12 @@ class Communicator {
   // tensors that would each pay a collective's latency go out as one launch.
   void all_reduce_group(const std::vector<std::pair<void*, size_t>>& buffers, ncclDataType_t dtype,
                         ncclRedOp_t op, cudaStream_t stream);
+  // All-to-all of fixed-size blocks: block p of `send` (elements [p count, p count + count)) goes
+  // to rank p, and rank p's block for this rank lands in block p of `recv` (this rank's own block
+  // is copied too). One NCCL group of ncclSend/ncclRecv per peer in rank order: the same launches
+  // every call, so a graph replays them. send and recv must not overlap.
+  void all_to_all(const void* send, void* recv, size_t count_per_peer, ncclDataType_t dtype,
+                  cudaStream_t stream);
 
   // Collectives enqueued outside a capture so far (the trainer counts a warm-up step's: the
   // communication volume of a step, which graphs replay unchanged).

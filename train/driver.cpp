@@ -170,20 +170,50 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   // The ranks: one process per GPU, in groups of --tp (consecutive ranks, as Megatron orders
   // them) that split one model, and --dp such groups that split the batch.
   const comm::World& world = comm::world();
+  // Expert parallelism (a workload flag, replay-moe's --ep): every process of the launch is one
+  // expert-parallel rank reading its own batch (DeepSeek's data parallelism over the EP group),
+  // with no tensor or separate data parallelism yet.
+  const int ep = w.expert_parallel();
+  if (ep > 1) {
+    const std::string n = std::to_string(ep);
+    if (world.size == 1)
+      throw bench::UsageError("--ep " + n +
+                              ": expert parallelism runs one process per rank; "
+                              "launch " +
+                              n + " (mpiexec -n " + n +
+                              " ...), or --ep 1 for every "
+                              "expert on this GPU");
+    if (world.size % ep != 0)
+      throw bench::UsageError("--ep " + n + ": the launch has " + std::to_string(world.size) +
+                              " processes, not a multiple of it");
+    if (world.size != ep)
+      throw bench::UsageError("--ep " + n + " with " + std::to_string(world.size) +
+                              " processes: expert parallelism times data parallelism is not "
+                              "supported yet; launch " +
+                              n + " processes");
+    if (f.tp > 1 || f.dp > 1)
+      throw bench::UsageError(
+          "--ep with --tp or --dp: not supported yet (the expert-parallel "
+          "ranks already split the batch)");
+    if (!f.save.empty() || !f.load.empty())
+      throw bench::UsageError(
+          "--save/--load: checkpoints of expert-parallel runs are not written "
+          "yet (each rank holds its own experts)");
+  }
   const int tp = world.size > 1 && f.tp > 1 ? f.tp : 1;
   if (world.size % tp != 0)
     throw bench::UsageError("--tp " + std::to_string(tp) + ": the launch has " +
                             std::to_string(world.size) + " processes, not a multiple of it");
-  const int dp = f.dp > 0 ? f.dp : world.size / tp;
-  if (dp * tp != world.size)
+  const int dp = ep > 1 ? 1 : f.dp > 0 ? f.dp : world.size / tp;
+  if (ep == 1 && dp * tp != world.size)
     throw bench::UsageError("--tp " + std::to_string(tp) + " x --dp " + std::to_string(dp) +
                             " must be the launch's " + std::to_string(world.size) + " processes");
   const int tp_rank = world.rank % tp, dp_rank = world.rank / tp;
-  if (dp * tp > 1 && !f.dump_step.empty())
+  if (dp * tp * ep > 1 && !f.dump_step.empty())
     throw bench::UsageError(
         "--dump-step: a parallel step keeps only a share of each gradient; "
         "dump a one-process run");
-  if (dp * tp == 1 && f.inject == "rank-stall")
+  if (dp * tp * ep == 1 && f.inject == "rank-stall")
     throw bench::UsageError(
         "--inject rank-stall: needs 2 or more processes (mpiexec -n 2 ...): one process has no "
         "other rank to wait for it");
@@ -211,7 +241,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   Context ctx(world.size > 1 ? world.local_rank : f.device);
   const EnvironmentReport env = ctx.environment();
   std::fputs(env.to_text().c_str(), out);
-  if (world.size > 1)
+  if (world.size > 1 && ep > 1)
+    std::fprintf(out, "# world: %d ranks (expert parallel %d), rank %d on %s, GPU %d\n", world.size,
+                 ep, world.rank, world.host.c_str(), world.local_rank);
+  else if (world.size > 1)
     std::fprintf(
         out, "# world: %d ranks (tensor parallel %d x data parallel %d), rank %d on %s, GPU %d\n",
         world.size, tp, dp, world.rank, world.host.c_str(), world.local_rank);
@@ -227,15 +260,19 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   if (dp > 1)
     dp_comm =
         std::make_unique<comm::Communicator>(world, "data-parallel", world.rank % tp, &collectives);
-  if (dp * tp > 1) {
+  std::unique_ptr<comm::Communicator> ep_comm;
+  if (ep > 1)
+    ep_comm = std::make_unique<comm::Communicator>(world, "expert-parallel", 0, &collectives);
+  if (dp * tp * ep > 1) {
     std::vector<comm::Communicator*> comms;
-    for (comm::Communicator* c : {tp_comm.get(), dp_comm.get()})
+    for (comm::Communicator* c : {tp_comm.get(), dp_comm.get(), ep_comm.get()})
       if (c != nullptr) comms.push_back(c);
     watchdog =
         std::make_unique<comm::Watchdog>(world, std::move(comms), &collectives, f.comm_timeout_s);
     if (f.warmup < 1 && f.graphs != "none")
       throw bench::UsageError(
-          "--warmup: a data-parallel run captures NCCL collectives, whose first call must be "
+          "--warmup: a run over several processes captures NCCL collectives, whose first call must "
+          "be "
           "eager; give --warmup 1 or more");
   }
 
@@ -249,6 +286,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   // The model and the arena.
   if (!w.set_tensor_parallel(tp_rank, tp, tp_comm.get()))
     throw bench::UsageError("--tp: " + info.tool + "'s model cannot be split over processes");
+  if (ep > 1) w.set_expert_parallel(world.rank, ep, ep_comm.get());
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
   if (dp > 1 && !model->shard_data(dp_rank, dp))
     throw bench::UsageError("--dp: " + info.tool + "'s model cannot split its batches over ranks");
@@ -271,7 +309,9 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   topt.evaluate = f.eval_interval > 0;
   topt.data_parallel = dp_comm.get();
   topt.bucket_elements = f.dp_bucket_size;
-  topt.tensor_parallel = tp_comm.get();
+  // The expert-parallel group is the trainer's model-parallel group: the grad norm's sum of
+  // squares is summed over it (the replicated parameters counted on rank 0 only).
+  topt.tensor_parallel = ep_comm ? ep_comm.get() : tp_comm.get();
   topt.watchdog = watchdog.get();
   Trainer trainer(ctx, *model, training, topt);
   std::fprintf(out, "# model: %s; %" PRId64 " parameters on this GPU\n", model->describe().c_str(),

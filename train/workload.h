@@ -112,6 +112,18 @@ class Workload {
     (void)comm;
     return size == 1;
   }
+  // Expert parallelism (a mixture of experts split over processes): the ranks its flags ask for
+  // (1: none). The driver refuses a launch that does not match before any work, and calls
+  // set_expert_parallel (set-up, before build) when it is more than 1: this process is rank `rank`
+  // of the group of `size` that `comm` connects, which the model uses for its all-to-alls and the
+  // trainer as its model-parallel group (the grad norm summed over it, parameters marked
+  // tp_replicated counted once).
+  virtual int expert_parallel() const { return 1; }
+  virtual void set_expert_parallel(int rank, int size, comm::Communicator* comm) {
+    (void)rank;
+    (void)size;
+    (void)comm;
+  }
   // Whether its models evaluate (Model::evaluation); --eval-interval is refused otherwise.
   virtual bool evaluates() const { return false; }
   // Its MLPerf configuration events, between the driver's seed and eval_samples events; `training`

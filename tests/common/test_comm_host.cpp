@@ -15,6 +15,17 @@ TEST(CollectiveTimings, BusBandwidthFactorsAreNcclTests) {
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(Kind::kAllReduce, 8), 1.75);
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(Kind::kReduceScatter, 2), 0.5);
   EXPECT_DOUBLE_EQ(bus_bandwidth_factor(Kind::kAllGather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_bandwidth_factor(Kind::kAllToAll, 2), 0.5);
+}
+
+// The all-to-all (expert parallelism): its size is the whole send buffer, count per peer x ranks,
+// and the record the capture check compares names it without a reduction.
+TEST(CollectiveTimings, AllToAllIsCountedAsItsWholeSendBuffer) {
+  EXPECT_EQ(collective_bytes(Kind::kAllToAll, 1000, ncclBfloat16, 2), 4000u);
+  EXPECT_EQ(collective_bytes(Kind::kAllToAll, 16, ncclInt32, 4), 256u);
+  EXPECT_STREQ(kind_name(Kind::kAllToAll), "all_to_all");
+  const CollectiveRecord r{Kind::kAllToAll, 65536, ncclBfloat16, ncclSum, "expert-parallel"};
+  EXPECT_EQ(r.describe(), "all_to_all(bf16 x 65536) on 'expert-parallel'");
 }
 
 TEST(CollectiveTimings, GroupedByKindDtypeAndSizeWithTheMedian) {

@@ -320,6 +320,34 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// One warp per destination row: the source row by the layout formulas, or zeros past the count.
+__global__ void __launch_bounds__(kThreads)
+    ep_permute_kernel(bf16* __restrict__ out, const bf16* __restrict__ in,
+                      const int32_t* __restrict__ counts, int ranks, int local_experts, int64_t cap,
+                      int64_t hidden, bool to_local) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = int64_t{blockIdx.x} * kWarps + warp;
+  const int64_t rows = static_cast<int64_t>(ranks) * local_experts * cap;
+  if (row >= rows) return;
+  // Decompose the destination row into (source s, local expert l, row i).
+  const int64_t i = row % cap, block = row / cap;
+  int s, l;
+  if (to_local) {
+    l = static_cast<int>(block / ranks);
+    s = static_cast<int>(block % ranks);
+  } else {
+    s = static_cast<int>(block / local_experts);
+    l = static_cast<int>(block % local_experts);
+  }
+  const int64_t src =
+      to_local ? ep_send_row(s, l, i, local_experts, cap) : ep_local_row(s, l, i, ranks, cap);
+  const bool kept = i < counts[s * local_experts + l];
+  const int64_t packs = hidden / 8;
+  uint4* dst = reinterpret_cast<uint4*>(out + row * hidden);
+  const uint4* from = reinterpret_cast<const uint4*>(in + src * hidden);
+  for (int64_t p = lane; p < packs; p += 32) dst[p] = kept ? from[p] : make_uint4(0, 0, 0, 0);
+}
+
 void check_hidden(int64_t hidden, int64_t rows) {
   REPLAY_REQUIRE(hidden >= 8 && hidden % 8 == 0,
                  "hidden must be a positive multiple of 8, got " + std::to_string(hidden));
@@ -444,6 +472,18 @@ void moe_combine_backward(bf16* dy_sorted, float* dweights, const bf16* dout, co
                             stream>>>(dy_sorted, dweights, dout, y_sorted, weights, slot_row,
                                       row_source, shape.assignments(), assignment_blocks,
                                       shape.rows(), shape.topk, hidden);
+  REPLAY_LAUNCH_CHECK();
+}
+
+void moe_ep_permute(bf16* out, const bf16* in, const int32_t* counts, const EpLayout& layout,
+                    int64_t hidden, bool to_local, cudaStream_t stream) {
+  REPLAY_REQUIRE(layout.ranks >= 1 && layout.local_experts >= 1 && layout.capacity >= 1,
+                 "moe_ep_permute needs positive ranks, local experts and capacity");
+  check_hidden(hidden, layout.rows());
+  REPLAY_REQUIRE(out && in && counts && aligned16(out) && aligned16(in) && out != in,
+                 "moe_ep_permute needs 16-byte aligned, distinct out and in, and the counts");
+  ep_permute_kernel<<<warp_blocks(layout.rows()), kThreads, 0, stream>>>(
+      out, in, counts, layout.ranks, layout.local_experts, layout.capacity, hidden, to_local);
   REPLAY_LAUNCH_CHECK();
 }
 

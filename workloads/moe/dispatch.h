@@ -28,6 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/philox.h"  // REPLAY_HOST_DEVICE
+
 namespace replay::moe {
 
 enum class DispatchMode { kCapacity, kDropless };
@@ -110,5 +112,40 @@ void moe_combine_backward(__nv_bfloat16* dy_sorted, float* dweights, const __nv_
                           const __nv_bfloat16* y_sorted, const float* weights,
                           const int32_t* slot_row, const int32_t* row_source,
                           const DispatchShape& shape, int64_t hidden, cudaStream_t stream);
+
+// ---- Expert parallelism (N ranks, E experts, L = E / N local experts each: rank r owns the global
+// experts [r L, r L + L)) ------------------------------------------------------------------------
+//
+// A rank sorts its own assignments over all E global experts in capacity mode with Cs rows per
+// expert (moe_dispatch_index with experts = E, capacity = Cs): the sorted buffer is the send
+// buffer, and because every rank's experts are a consecutive block, the rows bound for rank d are
+// the contiguous block [d L Cs, d L Cs + L Cs) (row ep_send_row(d, l, i)). The all-to-all delivers
+// source s's block to block s of the receive buffer (the same row formula, s in place of d). The
+// local experts want their rows together: expert l's N Cs rows are the sources' blocks in source
+// order (row ep_local_row(s, l, i)), which is the one-process capacity layout with L experts and
+// C = N Cs rows each. The outputs travel back the same way in reverse.
+REPLAY_HOST_DEVICE int64_t ep_send_row(int rank, int local, int64_t i, int local_experts,
+                                       int64_t cap) {
+  return (static_cast<int64_t>(rank) * local_experts + local) * cap + i;
+}
+REPLAY_HOST_DEVICE int64_t ep_local_row(int source, int local, int64_t i, int ranks, int64_t cap) {
+  return (static_cast<int64_t>(local) * ranks + source) * cap + i;
+}
+
+struct EpLayout {
+  int ranks = 1;          // N
+  int local_experts = 1;  // L
+  int64_t capacity = 1;   // Cs: rows per (source rank, expert)
+  int64_t rows() const { return static_cast<int64_t>(ranks) * local_experts * capacity; }
+};
+
+// The reordering between the exchange's layout (source-major: row ep_send_row(s, l, i)) and the
+// local experts' (expert-major: row ep_local_row(s, l, i)), [rows(), hidden] bf16 each.
+// to_local: local[ep_local_row(s, l, i)] = exchanged[ep_send_row(s, l, i)]; otherwise the
+// reverse. Rows i >= counts[s * L + l] (the rows source s filled for local expert l, received
+// with the data: device memory, no host read) are written as zeros, whatever the input holds
+// there: padding never reaches the experts or the combine. A copy: exact, deterministic.
+void moe_ep_permute(__nv_bfloat16* out, const __nv_bfloat16* in, const int32_t* counts,
+                    const EpLayout& layout, int64_t hidden, bool to_local, cudaStream_t stream);
 
 }  // namespace replay::moe

@@ -69,6 +69,10 @@ __global__ void to_bf16_kernel(bf16* out, const float* in, int64_t n) {
   if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
+__global__ void scale_scalar_kernel(float* out, const float* in, float factor) {
+  out[0] = (in != nullptr ? in[0] : 1.0f) * factor;
+}
+
 __global__ void add_terms_kernel(float* loss, const float* terms, int n) {
   float sum = loss[0];
   for (int i = 0; i < n; ++i) sum += terms[i];
@@ -154,6 +158,12 @@ void moe_fold_indices(int32_t* local, const int32_t* global, int64_t n, int loca
 void moe_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
   REPLAY_REQUIRE(n >= 1, "moe_to_bf16 needs n >= 1");
   to_bf16_kernel<<<blocks(n), kThreads, 0, stream>>>(out, in, n);
+  REPLAY_LAUNCH_CHECK();
+}
+
+void moe_scale_scalar(float* out, const float* in, float factor, cudaStream_t stream) {
+  REPLAY_REQUIRE(out != nullptr, "moe_scale_scalar needs its output");
+  scale_scalar_kernel<<<1, 1, 0, stream>>>(out, in, factor);
   REPLAY_LAUNCH_CHECK();
 }
 

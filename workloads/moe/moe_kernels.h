@@ -46,6 +46,10 @@ void moe_fold_indices(int32_t* local, const int32_t* global, int64_t n, int loca
 // out[i] = bf16(in[i]) (round to nearest even), n elements.
 void moe_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream);
 
+// out[0] = (in != null ? in[0] : 1) * factor (one thread): expert parallelism's backward scale,
+// the loss scale over the ranks.
+void moe_scale_scalar(float* out, const float* in, float factor, cudaStream_t stream);
+
 // loss[0] += terms[0] + terms[1] + ... + terms[n - 1], in that order (one thread).
 void moe_add_terms(float* loss, const float* terms, int n, cudaStream_t stream);
 

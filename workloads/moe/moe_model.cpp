@@ -53,7 +53,18 @@ int64_t MoeShape::max_per_expert() const {
   return tokens() * per_token;
 }
 
+int64_t MoeShape::ep_capacity() const {
+  REPLAY_REQUIRE(!dropless(), "MoE shape: expert parallelism needs a capacity factor");
+  return moe_capacity(capacity_factor, tokens(), topk, experts);
+}
+
+DispatchShape MoeShape::dispatch_shape() const {
+  if (ep > 1) return DispatchShape{tokens(), experts, topk, DispatchMode::kCapacity, ep_capacity()};
+  return DispatchShape{tokens(), local_experts, topk, DispatchMode::kCapacity, capacity()};
+}
+
 int64_t MoeShape::capacity() const {
+  if (ep > 1) return ep * ep_capacity();
   if (dropless()) return max_per_expert();
   const double exact =
       capacity_factor * static_cast<double>(tokens() * topk) / static_cast<double>(local_experts);
@@ -78,10 +89,15 @@ void MoeShape::validate() const {
   need(head == HeadKind::kPipelineStage || (vocab >= 8 && vocab % 8 == 0),
        "the vocabulary must be a positive multiple of 8");
   check_router_shape(RouterShape{tokens(), experts, groups, topk_groups, topk, route_scale});
-  check_dispatch_shape(
-      DispatchShape{tokens(), local_experts, topk, DispatchMode::kCapacity, capacity()});
   need(std::isfinite(capacity_factor) && capacity_factor >= 0.0,
        "the capacity factor must be positive (0: dropless)");
+  need(ep >= 1 && ep_rank >= 0 && ep_rank < ep, "the expert-parallel rank must be in [0, ep)");
+  if (ep > 1) {
+    need(!dropless(), "expert parallelism exchanges capacity-sized buffers: no dropless");
+    need(experts % ep == 0 && local_experts * ep == experts,
+         "the expert-parallel ranks must divide the experts (local experts = experts / ep)");
+  }
+  check_dispatch_shape(dispatch_shape());
 }
 
 // ---- Plans and blocks
@@ -107,6 +123,7 @@ struct MoeModel::Block {
   TensorView h2, rstd2, a, s;  // dense SwiGLU, or the shared expert's
   TensorView logits, indices, weights, aux_ws, local_idx, routed, kept, offsets, slot_row,
       row_source, dropped, x_sorted, up, act, y_sorted;
+  TensorView recv_counts;  // expert parallelism: [ep, local experts] rows received
   // State carried from step to step.
   TensorView bias, load;
   ParamId attn_last() const { return wo; }
@@ -121,18 +138,30 @@ struct MoeModel::Part {
 };
 
 MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed,
-                   std::vector<std::string> scopes)
+                   std::vector<std::string> scopes, comm::Communicator* ep_comm)
     : ctx_(ctx),
       shape_(shape),
+      ep_comm_(ep_comm),
       scopes_(std::move(scopes)),
       gemms_(ctx),
       plans_(std::make_unique<Plans>()),
       data_seed_(data_seed) {
   shape_.validate();
+  REPLAY_REQUIRE(shape_.ep == 1 || (ep_comm_ != nullptr && ep_comm_->size() == shape_.ep &&
+                                    ep_comm_->rank() == shape_.ep_rank),
+                 "MoeModel: expert parallelism over " + std::to_string(shape_.ep) +
+                     " ranks needs their communicator");
   const int64_t M = shape_.tokens(), C = shape_.hidden, H = shape_.heads;
   const int64_t QK = shape_.qk_dim(), Dv = shape_.v_dim;
   const float out_std = 0.02f / std::sqrt(2.0f * static_cast<float>(shape_.layers()));
-  auto add = [&](const std::string& name, std::vector<int64_t> dims, ParamInit init, float sd) {
+  // Expert parallelism: each rank holds its block of experts, drawn as the slice of the
+  // one-process tensor [experts, ...] (TpSplit::kRows over the expert dimension), so the ranks
+  // together start from the one-GPU model; everything else is replicated (drawn alike, its
+  // gradient summed over the group, counted once in the grad norm).
+  const bool ep = shape_.ep > 1;
+  std::vector<bool> expert_param;
+  auto add = [&](const std::string& name, std::vector<int64_t> dims, ParamInit init, float sd,
+                 bool expert = false) {
     const bool decay = init == ParamInit::kNormal;
     ParamSpec spec;
     spec.name = name;
@@ -140,6 +169,9 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
     spec.init = init;
     spec.stddev = sd;
     spec.weight_decay = decay;
+    spec.tp_replicated = ep && !expert;
+    spec.tp_split = ep && expert ? train::TpSplit::kRows : train::TpSplit::kNone;
+    expert_param.push_back(expert);
     return params_.add(spec);
   };
   if (shape_.head == HeadKind::kLmHead)
@@ -167,8 +199,9 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
     } else {
       const int64_t E = shape_.local_experts, F = shape_.expert_ffn, S = shape_.shared_ffn;
       b->router = add(n + "moe.router.weight", {shape_.experts, C}, ParamInit::kNormal, 0.02f);
-      b->ew1 = add(n + "moe.experts.gate_up.weight", {E, 2 * F, C}, ParamInit::kNormal, 0.02f);
-      b->ew2 = add(n + "moe.experts.down.weight", {E, C, F}, ParamInit::kNormal, out_std);
+      b->ew1 =
+          add(n + "moe.experts.gate_up.weight", {E, 2 * F, C}, ParamInit::kNormal, 0.02f, true);
+      b->ew2 = add(n + "moe.experts.down.weight", {E, C, F}, ParamInit::kNormal, out_std, true);
       b->sw1 = add(n + "moe.shared.gate_up.weight", {2 * S, C}, ParamInit::kNormal, 0.02f);
       b->sw2 = add(n + "moe.shared.down.weight", {C, S}, ParamInit::kNormal, out_std);
     }
@@ -177,6 +210,16 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
   if (shape_.head == HeadKind::kLmHead) {
     lnf_ = add("final_norm.weight", {C}, ParamInit::kOnes, 0);
     lm_head_ = add("lm_head.weight", {shape_.vocab, C}, ParamInit::kNormal, 0.02f);
+  }
+  if (ep) {
+    for (ParamId id = 0; id < params_.count(); ++id) {
+      if (expert_param[static_cast<size_t>(id)]) continue;
+      if (!replicated_.empty() && replicated_.back().second == id - 1)
+        replicated_.back().second = id;
+      else
+        replicated_.emplace_back(id, id);
+    }
+    params_.set_tensor_parallel(shape_.ep_rank, shape_.ep);
   }
 
   // GEMM plans, shared by the blocks (one per shape, from the cache).
@@ -251,15 +294,15 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
                              rmsnorm_backward_workspace_bytes(M, static_cast<int>(shape_.kv_lora)),
                              size_t{256}});
   if (shape_.moe_layers > 0)
-    dispatch_ws_bytes_ = std::max<size_t>(
-        moe_dispatch_workspace_bytes(DispatchShape{M, shape_.local_experts, shape_.topk,
-                                                   DispatchMode::kCapacity, shape_.capacity()}),
-        256);
+    dispatch_ws_bytes_ =
+        std::max<size_t>(moe_dispatch_workspace_bytes(shape_.dispatch_shape()), 256);
   if (shape_.head == HeadKind::kLmHead) {
     embedding_ws_bytes_ = embedding_backward_workspace_bytes(
         EmbeddingShape{shape_.micro_batch, shape_.seq, C, 0, shape_.vocab});
-    // The synthetic data, in pinned memory: per batch M tokens and M targets.
-    const int64_t n = shape_.data_batches * M;
+    // The synthetic data, in pinned memory: per batch M tokens and M targets. Expert parallelism:
+    // a global batch of ep x M tokens, of which this rank reads slice ep_rank (what one process
+    // with ep times the micro-batch reads whole).
+    const int64_t n = shape_.data_batches * M * shape_.ep;
     REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_),
                                     static_cast<size_t>(n) * sizeof(int32_t),
                                     cudaHostAllocDefault));
@@ -268,7 +311,7 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
                                     cudaHostAllocDefault));
     uint64_t state = data_seed_ ^ 0x6d6f65ull;
     const auto V = static_cast<uint64_t>(std::min(shape_.vocab, kActiveIds));
-    for (int64_t seqi = 0; seqi < shape_.data_batches * shape_.micro_batch; ++seqi) {
+    for (int64_t seqi = 0; seqi < shape_.data_batches * shape_.micro_batch * shape_.ep; ++seqi) {
       uint64_t x = data::splitmix(state) % V;
       for (int64_t t = 0; t < shape_.seq; ++t) {
         const uint64_t next = (5 * x + 3 + data::splitmix(state) % kNoise) % V;
@@ -371,9 +414,12 @@ void MoeModel::plan(ArenaPlan& plan) {
       add(plan, b.aux_ws, p + "router.aux_workspace", kU8,
           static_cast<int64_t>(router_aux_loss_workspace_bytes(aux)), life);
       add(plan, b.local_idx, p + "dispatch.local_indices", kI32, M * k, life);
-      add(plan, b.routed, p + "dispatch.routed", kI32, shape_.local_experts, life);
-      add(plan, b.kept, p + "dispatch.kept", kI32, shape_.local_experts, life);
-      add(plan, b.offsets, p + "dispatch.offsets", kI32, shape_.local_experts + 1, life);
+      const int sorted = shape_.dispatch_shape().experts;  // local (ep 1) or global experts
+      add(plan, b.routed, p + "dispatch.routed", kI32, sorted, life);
+      add(plan, b.kept, p + "dispatch.kept", kI32, sorted, life);
+      add(plan, b.offsets, p + "dispatch.offsets", kI32, sorted + 1, life);
+      if (shape_.ep > 1)  // per (source rank, local expert): the rows the source filled
+        add(plan, b.recv_counts, p + "dispatch.received", kI32, shape_.experts, life);
       add(plan, b.slot_row, p + "dispatch.slot_row", kI32, M * k, life);
       add(plan, b.row_source, p + "dispatch.row_source", kI32, rows, life);
       add(plan, b.dropped, p + "dispatch.dropped", kI32, 1, forever);  // read after the step
@@ -434,6 +480,11 @@ void MoeModel::plan(ArenaPlan& plan) {
     add(plan, dlogits_bf_, "backward.router.logits_grad_bf16", kBF, M * E, backward);
     add(plan, dispatch_ws_, "dispatch.workspace", kU8, static_cast<int64_t>(dispatch_ws_bytes_),
         {fwd0, fwd0 + L - 1});
+    if (shape_.ep > 1) {
+      add(plan, ep_a_, "expert_parallel.buffer_a", kBF, rows * C, {fwd0, bwd(0)});
+      add(plan, ep_b_, "expert_parallel.buffer_b", kBF, rows * C, {fwd0, bwd(0)});
+      add(plan, ep_scale_, "expert_parallel.backward_scale", kF32, 1, forever);
+    }
   }
   add(plan, gemm_ws_, "gemm.workspace", kU8, static_cast<int64_t>(gemm_ws_bytes_), {1, emb_bwd});
   add(plan, attention_ws_, "attention.workspace", kU8, static_cast<int64_t>(attention_ws_bytes_),
@@ -463,8 +514,19 @@ void MoeModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t s
   if (shape_.head == HeadKind::kPipelineStage) {
     // What the neighbouring stages would send: the input activation and the output gradient,
     // drawn once from the seed (Philox streams past every parameter's).
-    init_normal(x_[0], seed, 1u << 30, 0.0f, 1.0f, stream);
-    init_normal(stage_grad_, seed, (1u << 30) + 1, 0.0f, 1.0f, stream);
+    // Expert parallelism: each rank's micro-batch is its slice of what one process running all
+    // the ranks' sequences draws (so --ep 1 with ep times the micro-batch reads the same data).
+    if (shape_.ep > 1) {
+      InitSlice slice;
+      slice.rows[0] = shape_.tokens();
+      slice.full_row[0] = shape_.ep_rank * shape_.tokens();
+      slice.cols = slice.full_cols = shape_.hidden;
+      init_normal_slice(x_[0], slice, seed, 1u << 30, 0.0f, 1.0f, stream);
+      init_normal_slice(stage_grad_, slice, seed, (1u << 30) + 1, 0.0f, 1.0f, stream);
+    } else {
+      init_normal(x_[0], seed, 1u << 30, 0.0f, 1.0f, stream);
+      init_normal(stage_grad_, seed, (1u << 30) + 1, 0.0f, 1.0f, stream);
+    }
   }
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -481,7 +543,7 @@ std::vector<train::Model::NamedTensor> MoeModel::checkpoint_state() const {
 int MoeModel::load_batch(cudaStream_t stream) {
   if (shape_.head == HeadKind::kLmHead) {
     const int64_t M = shape_.tokens();
-    const int64_t first = (next_batch_ % shape_.data_batches) * M;
+    const int64_t first = ((next_batch_ % shape_.data_batches) * shape_.ep + shape_.ep_rank) * M;
     REPLAY_CUDA_CHECK(cudaMemcpyAsync(tokens_.data, host_tokens_ + first,
                                       static_cast<size_t>(M) * sizeof(int32_t),
                                       cudaMemcpyHostToDevice, stream));
@@ -611,8 +673,10 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
   const RouterShape rs{M,           shape_.experts,    shape_.groups, shape_.topk_groups,
                        shape_.topk, shape_.route_scale};
   const AuxLossShape aux{M, shape_.seq, shape_.experts, shape_.topk, shape_.aux_coeff};
-  const DispatchShape ds{M, shape_.local_experts, shape_.topk, DispatchMode::kCapacity,
-                         shape_.capacity()};
+  // ep 1: the sort over the local experts (the fold); ep > 1: over the global experts, whose
+  // sorted buffer is the all-to-all's send buffer, and the local experts' layout (N Cs rows each).
+  const DispatchShape ds = shape_.dispatch_shape();
+  const EpLayout el{shape_.ep, shape_.local_experts, shape_.ep > 1 ? shape_.ep_capacity() : 1};
   float* aux_loss = ptr<float>(aux_losses_) + b.moe_index;
 
   // Router: h2, the fp32 logits, selection and weights, the auxiliary loss, then the load of this
@@ -629,6 +693,11 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
                             b.aux_ws.data, b.aux_ws.bytes(), s);
     moe_count_experts(ptr<int32_t>(b.load), ptr<int32_t>(b.indices), M, shape_.topk, shape_.experts,
                       false, s);
+    // Expert parallelism: the load of every rank's tokens (integers: exact), so every rank moves
+    // its biases alike.
+    if (ep_comm_ != nullptr)
+      ep_comm_->all_reduce(b.load.data, b.load.data, static_cast<size_t>(shape_.experts), ncclInt32,
+                           ncclSum, s);
     router_bias_update(ptr<float>(b.bias), ptr<int32_t>(b.load), shape_.experts, shape_.bias_rate,
                        false, s);
   };
@@ -649,21 +718,35 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
   parts.push_back(std::move(router));
 
   // Preprocess: the fold onto the local experts, the counting sort and the gather.
+  // Expert parallelism: the sort over the global experts fills the send buffer (rank d's
+  // experts' rows as one block), the counts and the rows go to their ranks in two all-to-alls of
+  // fixed size, and the received rows are reordered into the local experts' layout, rows past
+  // their source's count zeroed.
   Part pre{"preprocess", "moe_preprocess", nullptr, nullptr};
-  pre.run = [this, &b, ds, M, C](cudaStream_t s) {
-    moe_fold_indices(ptr<int32_t>(b.local_idx), ptr<int32_t>(b.indices), M * shape_.topk,
-                     shape_.local_experts, s);
+  pre.run = [this, &b, ds, el, M, C](cudaStream_t s) {
+    const bool ep = ep_comm_ != nullptr;
+    if (!ep)
+      moe_fold_indices(ptr<int32_t>(b.local_idx), ptr<int32_t>(b.indices), M * shape_.topk,
+                       shape_.local_experts, s);
     const DispatchIndex di{ptr<int32_t>(b.routed),     ptr<int32_t>(b.kept),
                            ptr<int32_t>(b.offsets),    ptr<int32_t>(b.slot_row),
                            ptr<int32_t>(b.row_source), ptr<int32_t>(b.dropped)};
-    moe_dispatch_index(di, ptr<int32_t>(b.local_idx), ds, dispatch_ws_.data, dispatch_ws_.bytes(),
-                       s);
-    moe_gather(ptr<bf16>(b.x_sorted), ptr<bf16>(b.h2), ptr<int32_t>(b.slot_row),
+    moe_dispatch_index(di, ptr<int32_t>(ep ? b.indices : b.local_idx), ds, dispatch_ws_.data,
+                       dispatch_ws_.bytes(), s);
+    moe_gather(ptr<bf16>(ep ? ep_a_ : b.x_sorted), ptr<bf16>(b.h2), ptr<int32_t>(b.slot_row),
                ptr<int32_t>(b.row_source), ds, C, s);
+    if (!ep) return;
+    ep_comm_->all_to_all(b.kept.data, b.recv_counts.data, static_cast<size_t>(shape_.local_experts),
+                         ncclInt32, s);
+    ep_comm_->all_to_all(ep_a_.data, ep_b_.data,
+                         static_cast<size_t>(shape_.local_experts * el.capacity * C), ncclBfloat16,
+                         s);
+    moe_ep_permute(ptr<bf16>(b.x_sorted), ptr<bf16>(ep_b_), ptr<int32_t>(b.recv_counts), el, C,
+                   true, s);
   };
   pre.args = [this, &b] {
-    return RegionArgs()
-        .read("indices", b.indices)
+    RegionArgs a;
+    a.read("indices", b.indices)
         .read("h2", b.h2)
         .write("local_indices", b.local_idx)
         .write("routed", b.routed)
@@ -673,17 +756,29 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
         .write("row_source", b.row_source)
         .write("dropped", b.dropped)
         .write("x_sorted", b.x_sorted);
+    if (ep_comm_ != nullptr)
+      a.write("received", b.recv_counts).write("ep.send", ep_a_).write("ep.recv", ep_b_);
+    return a;
   };
   parts.push_back(std::move(pre));
 
   // Experts: the routed experts over the capacity layout, the shared expert, the combine.
   Part experts{"experts", "moe_experts", nullptr, nullptr};
-  experts.run = [this, &b, out, ds, M, C, W](cudaStream_t s) {
+  experts.run = [this, &b, out, ds, el, M, C, W](cudaStream_t s) {
     const Plans& p = *plans_;
+    const bool ep = ep_comm_ != nullptr;
     const int64_t rows = ds.rows();
     gemm(p.ew1.fwd, b.x_sorted.data, W(b.ew1), b.up.data, s);
     swiglu_forward(ptr<bf16>(b.act), ptr<bf16>(b.up), rows, static_cast<int>(shape_.expert_ffn), s);
-    gemm(p.ew2.fwd, b.act.data, W(b.ew2), b.y_sorted.data, s);
+    // ep > 1: the outputs back to the ranks their tokens came from (into the send layout).
+    gemm(p.ew2.fwd, b.act.data, W(b.ew2), ep ? ep_a_.data : b.y_sorted.data, s);
+    if (ep) {
+      moe_ep_permute(ptr<bf16>(ep_b_), ptr<bf16>(ep_a_), ptr<int32_t>(b.recv_counts), el, C, false,
+                     s);
+      ep_comm_->all_to_all(ep_b_.data, b.y_sorted.data,
+                           static_cast<size_t>(shape_.local_experts * el.capacity * C),
+                           ncclBfloat16, s);
+    }
     gemm(p.sw1.fwd, b.h2.data, W(b.sw1), b.a.data, s);
     swiglu_forward(ptr<bf16>(b.s), ptr<bf16>(b.a), M, static_cast<int>(shape_.shared_ffn), s);
     gemm(p.sw2.fwd_acc, b.s.data, W(b.sw2), out.data, s, b.x_mid.data);  // x_mid + shared
@@ -691,8 +786,8 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
                 ptr<int32_t>(b.slot_row), ds, C, true, s);
   };
   experts.args = [&b, this, out] {
-    return RegionArgs()
-        .read("x_mid", b.x_mid)
+    RegionArgs a;
+    a.read("x_mid", b.x_mid)
         .read("h2", b.h2)
         .read("weights", b.weights)
         .read("slot_row", b.slot_row)
@@ -704,6 +799,9 @@ std::vector<MoeModel::Part> MoeModel::forward_parts(int l) {
         .write("shared.gate_up", b.a)
         .write("shared.act", b.s)
         .write("out", out);
+    if (ep_comm_ != nullptr)
+      a.read("received", b.recv_counts).write("ep.out", ep_a_).write("ep.send", ep_b_);
+    return a;
   };
   parts.push_back(std::move(experts));
   return parts;
@@ -721,23 +819,37 @@ std::vector<MoeModel::Part> MoeModel::backward_parts(int l) {
     const RouterShape rs{M,           shape_.experts,    shape_.groups, shape_.topk_groups,
                          shape_.topk, shape_.route_scale};
     const AuxLossShape aux{M, shape_.seq, shape_.experts, shape_.topk, shape_.aux_coeff};
-    const DispatchShape ds{M, shape_.local_experts, shape_.topk, DispatchMode::kCapacity,
-                           shape_.capacity()};
+    const DispatchShape ds = shape_.dispatch_shape();
+    const EpLayout el{shape_.ep, shape_.local_experts, shape_.ep > 1 ? shape_.ep_capacity() : 1};
     // Experts: the combine's backward (dweights too), the routed experts' and the shared
-    // expert's backward; dh = the shared expert's input gradient (written).
+    // expert's backward; dh = the shared expert's input gradient (written). Expert parallelism:
+    // the mirror of the forward: the outputs' gradients go to the experts' ranks, the inputs'
+    // gradients come back (into ep_b_, in the send layout, for the gather's backward).
     Part experts{"experts", "moe_experts", nullptr, nullptr};
-    experts.run = [this, &b, ds, M, C, W, dW](cudaStream_t s) {
+    experts.run = [this, &b, ds, el, M, C, W, dW](cudaStream_t s) {
       const Plans& p = *plans_;
+      const bool ep = ep_comm_ != nullptr;
       const int64_t rows = ds.rows();
-      moe_combine_backward(ptr<bf16>(dy_sorted_), ptr<float>(dweights_), ptr<bf16>(grad_),
-                           ptr<bf16>(b.y_sorted), ptr<float>(b.weights), ptr<int32_t>(b.slot_row),
-                           ptr<int32_t>(b.row_source), ds, C, s);
+      const auto block = static_cast<size_t>(shape_.local_experts * el.capacity * C);
+      moe_combine_backward(ptr<bf16>(ep ? ep_a_ : dy_sorted_), ptr<float>(dweights_),
+                           ptr<bf16>(grad_), ptr<bf16>(b.y_sorted), ptr<float>(b.weights),
+                           ptr<int32_t>(b.slot_row), ptr<int32_t>(b.row_source), ds, C, s);
+      if (ep) {
+        ep_comm_->all_to_all(ep_a_.data, ep_b_.data, block, ncclBfloat16, s);
+        moe_ep_permute(ptr<bf16>(dy_sorted_), ptr<bf16>(ep_b_), ptr<int32_t>(b.recv_counts), el, C,
+                       true, s);
+      }
       gemm(p.ew2.dgrad, dy_sorted_.data, W(b.ew2), d_act_.data, s);
       gemm(p.ew2.wgrad, dy_sorted_.data, b.act.data, dW(b.ew2), s);
       swiglu_backward(ptr<bf16>(d_up_), ptr<bf16>(d_act_), ptr<bf16>(b.up), rows,
                       static_cast<int>(shape_.expert_ffn), s);
       gemm(p.ew1.dgrad, d_up_.data, W(b.ew1), dx_sorted_.data, s);
       gemm(p.ew1.wgrad, d_up_.data, b.x_sorted.data, dW(b.ew1), s);
+      if (ep) {
+        moe_ep_permute(ptr<bf16>(ep_a_), ptr<bf16>(dx_sorted_), ptr<int32_t>(b.recv_counts), el, C,
+                       false, s);
+        ep_comm_->all_to_all(ep_a_.data, ep_b_.data, block, ncclBfloat16, s);
+      }
       gemm(p.sw2.dgrad, grad_.data, W(b.sw2), d_s_.data, s);
       gemm(p.sw2.wgrad, grad_.data, b.s.data, dW(b.sw2), s);
       swiglu_backward(ptr<bf16>(d_a_), ptr<bf16>(d_s_), ptr<bf16>(b.a), M,
@@ -769,17 +881,24 @@ std::vector<MoeModel::Part> MoeModel::backward_parts(int l) {
           .write("dh2", dh_)
           .write("grads", params_.grad_range(b.ew1, b.sw2));
     };
+    if (shape_.ep > 1) {
+      experts.args = [this, &b, inner = std::move(experts.args)] {
+        RegionArgs a = inner();
+        a.read("received", b.recv_counts).write("ep.send", ep_a_).write("ep.recv", ep_b_);
+        return a;
+      };
+    }
     parts.push_back(std::move(experts));
 
     // Preprocess: the gather's backward adds the routed rows' gradients into dh.
     Part pre{"preprocess", "moe_preprocess", nullptr, nullptr};
     pre.run = [this, &b, ds, C](cudaStream_t s) {
-      moe_gather_backward(ptr<bf16>(dh_), ptr<bf16>(dx_sorted_), ptr<int32_t>(b.slot_row), ds, C,
-                          true, s);
+      const TensorView& dx = ep_comm_ != nullptr ? ep_b_ : dx_sorted_;  // ep: what came back
+      moe_gather_backward(ptr<bf16>(dh_), ptr<bf16>(dx), ptr<int32_t>(b.slot_row), ds, C, true, s);
     };
     pre.args = [this, &b] {
       return RegionArgs()
-          .read("dx_sorted", dx_sorted_)
+          .read("dx_sorted", ep_comm_ != nullptr ? ep_b_ : dx_sorted_)
           .read("slot_row", b.slot_row)
           .read_write("dh2", dh_);
     };
@@ -792,7 +911,7 @@ std::vector<MoeModel::Part> MoeModel::backward_parts(int l) {
       const Plans& p = *plans_;
       router_backward(ptr<float>(dlogits_), ptr<float>(dweights_), ptr<float>(b.logits),
                       ptr<int32_t>(b.indices), rs, false, s);
-      router_aux_loss_backward(ptr<float>(dlogits_), io_.loss_scale, ptr<float>(b.logits), aux,
+      router_aux_loss_backward(ptr<float>(dlogits_), backward_scale(), ptr<float>(b.logits), aux,
                                true, b.aux_ws.data, b.aux_ws.bytes(), s);
       moe_to_bf16(ptr<bf16>(dlogits_bf_), ptr<float>(dlogits_), M * shape_.experts, s);
       gemm(p.router.dgrad_acc, dlogits_bf_.data, W(b.router), dh_.data, s);
@@ -810,7 +929,7 @@ std::vector<MoeModel::Part> MoeModel::backward_parts(int l) {
           .read("h2", b.h2)
           .read("x_mid", b.x_mid)
           .read("rstd2", b.rstd2)
-          .read("loss_scale", TensorView(const_cast<float*>(io_.loss_scale), DType::kFP32, {1}))
+          .read("loss_scale", TensorView(const_cast<float*>(backward_scale()), DType::kFP32, {1}))
           .read("params", params_.weight_range(b.norm2, b.router))
           .write("dlogits", dlogits_)
           .write("dlogits_bf16", dlogits_bf_)
@@ -955,14 +1074,36 @@ void MoeModel::embedding_backward(cudaStream_t s) const {
 
 // The loss (the head's plus every MoE block's auxiliary loss) and the residual gradient of the
 // last block's output.
+const float* MoeModel::backward_scale() const {
+  return ep_comm_ != nullptr ? ptr<float>(ep_scale_) : io_.loss_scale;
+}
+
+void MoeModel::reduce_replicated_grads(cudaStream_t s) const {
+  std::vector<std::pair<void*, size_t>> buffers;
+  for (const auto& [first, last] : replicated_) {
+    const TensorView g = params_.grad_range(first, last);
+    buffers.emplace_back(g.data, static_cast<size_t>(g.numel()));
+  }
+  ep_comm_->all_reduce_group(buffers, ncclFloat32, ncclSum, s);
+}
+
+// Expert parallelism: the step's loss is the mean of the ranks' (all-reduced, so every rank
+// reports it), and the backward starts from the loss scale / ep (backward_scale).
 void MoeModel::head(cudaStream_t s) const {
   const int64_t M = shape_.tokens(), C = shape_.hidden;
   const TensorView& y = x_.back();
+  if (ep_comm_ != nullptr)
+    moe_scale_scalar(ptr<float>(ep_scale_), io_.loss_scale, 1.0f / static_cast<float>(shape_.ep),
+                     s);
+  auto finish_loss = [&] {
+    moe_add_terms(io_.loss, ptr<float>(aux_losses_), static_cast<int>(shape_.moe_layers), s);
+    if (ep_comm_ != nullptr) ep_comm_->all_reduce(io_.loss, io_.loss, 1, ncclFloat32, ncclAvg, s);
+  };
   if (shape_.head == HeadKind::kPipelineStage) {
     stage_head_forward(io_.loss, ptr<float>(stage_partials_), ptr<bf16>(y), ptr<bf16>(stage_grad_),
                        M * C, s);
-    moe_add_terms(io_.loss, ptr<float>(aux_losses_), static_cast<int>(shape_.moe_layers), s);
-    stage_head_backward(ptr<bf16>(grad_), ptr<bf16>(stage_grad_), io_.loss_scale, M * C, s);
+    finish_loss();
+    stage_head_backward(ptr<bf16>(grad_), ptr<bf16>(stage_grad_), backward_scale(), M * C, s);
     return;
   }
   const Plans& p = *plans_;
@@ -972,9 +1113,9 @@ void MoeModel::head(cudaStream_t s) const {
   gemm(p.head.fwd, hf_.data, params_.weight<bf16>(lm_head_), logits_.data, s);
   cross_entropy_forward(ptr<float>(ce_stats_), ptr<float>(row_loss_), io_.loss,
                         ptr<int32_t>(count_), ptr<bf16>(logits_), ptr<int32_t>(targets_), ce, s);
-  moe_add_terms(io_.loss, ptr<float>(aux_losses_), static_cast<int>(shape_.moe_layers), s);
+  finish_loss();
   cross_entropy_backward(ptr<bf16>(logits_), ptr<bf16>(logits_), ptr<float>(ce_stats_),
-                         ptr<int32_t>(targets_), ptr<int32_t>(count_), io_.loss_scale, ce, s);
+                         ptr<int32_t>(targets_), ptr<int32_t>(count_), backward_scale(), ce, s);
   gemm(p.head.dgrad, logits_.data, params_.weight<bf16>(lm_head_), d_hf_.data, s);
   gemm(p.head.wgrad, logits_.data, hf_.data, params_.grad(lm_head_), s);
   rmsnorm_backward(ptr<bf16>(grad_), params_.grad(lnf_), ptr<bf16>(d_hf_), ptr<bf16>(y),
@@ -1049,6 +1190,7 @@ std::vector<graphs::Region> MoeModel::regions() {
         .read("loss_scale", TensorView(const_cast<float*>(io_.loss_scale), DType::kFP32, {1}))
         .write("loss", TensorView(io_.loss, DType::kFP32, {1}))
         .write("residual_grad", grad_);
+    if (ep_comm_ != nullptr) a.write("backward_scale", ep_scale_);
     if (lm) {
       a.read("targets", targets_)
           .read("final_norm", params_.weight_range(lnf_, lm_head_))
@@ -1076,6 +1218,20 @@ std::vector<graphs::Region> MoeModel::regions() {
           .read("tokens", tokens_)
           .read("residual_grad", grad_)
           .write("grads", params_.grad_range(wte_, wte_));
+    };
+    out.push_back(std::move(r));
+  }
+  if (ep_comm_ != nullptr) {
+    // The replicated parameters' gradients, summed over the expert-parallel group (one NCCL group
+    // of all-reduces); the experts' stay on their rank.
+    graphs::Region r;
+    r.name = "expert_parallel.grads";
+    r.enqueue = [this](cudaStream_t s, const RegionArgs&) { reduce_replicated_grads(s); };
+    r.args = [this] {
+      RegionArgs a;
+      for (const auto& [first, last] : replicated_)
+        a.read_write("grads." + params_.spec(first).name, params_.grad_range(first, last));
+      return a;
     };
     out.push_back(std::move(r));
   }
@@ -1161,6 +1317,13 @@ std::string MoeModel::flops_formula() const {
 }
 
 std::string MoeModel::collectives() const {
+  if (shape_.ep > 1)
+    return "expert parallel over " + std::to_string(shape_.ep) +
+           " ranks: per MoE block the load all-reduced, the counts and the rows exchanged by "
+           "NCCL all-to-alls of " +
+           std::to_string(shape_.ep_capacity()) +
+           " rows per (rank, expert) (dispatch and combine, forward and backward); the loss and "
+           "the replicated parameters' gradients all-reduced";
   if (shape_.local_experts == shape_.experts) return "none (ep 1)";
   return "not run (1 process): the expert-parallel all-to-all over " +
          std::to_string(shape_.experts / shape_.local_experts) +

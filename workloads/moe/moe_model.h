@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/attention.h"
+#include "common/comm.h"
 #include "common/context.h"
 #include "common/gemm.h"
 #include "train/model.h"
@@ -78,6 +79,11 @@ struct MoeShape {
   float aux_coeff = 0.01f;
   double capacity_factor = 1.0;  // 0: dropless
   int64_t data_batches = 64;     // synthetic token batches (kLmHead)
+  // Expert parallelism (--ep): `ep` ranks, this one `ep_rank`, each holding local_experts =
+  // experts / ep consecutive experts and routing its own micro-batch; the dispatch and combine are
+  // NCCL all-to-alls. ep 1: one process with every expert local (no exchange, no fold).
+  int ep = 1;
+  int ep_rank = 0;
 
   int64_t tokens() const { return micro_batch * seq; }
   int64_t layers() const { return dense_layers + moe_layers; }
@@ -87,15 +93,23 @@ struct MoeShape {
   // factor (at most what an expert can receive), or that most (dropless).
   int64_t capacity() const;
   int64_t max_per_expert() const;  // the most assignments one local expert can receive
+  // Expert parallelism: rows each rank sends to each global expert, Cs = moe_capacity(F, tokens,
+  // topk, experts) (the rest dropped on the sending rank); a local expert then holds ep x Cs rows
+  // (capacity()), one block of Cs per source rank.
+  int64_t ep_capacity() const;
+  // What the counting sort runs over: this rank's assignments over the local experts (ep 1, the
+  // fold) or over every global expert with Cs rows each (ep > 1: the all-to-all's send buffer).
+  DispatchShape dispatch_shape() const;
   // Throws Error naming what is malformed.
   void validate() const;
 };
 
 class MoeModel : public train::Model {
  public:
-  // `scopes`: the graph scopes (empty: one region per block and direction).
+  // `scopes`: the graph scopes (empty: one region per block and direction). `ep_comm`: the
+  // expert-parallel group (shape.ep > 1; null otherwise), connecting shape.ep ranks.
   MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed,
-           std::vector<std::string> scopes);
+           std::vector<std::string> scopes, comm::Communicator* ep_comm = nullptr);
   ~MoeModel() override;
 
   std::string describe() const override;
@@ -154,9 +168,19 @@ class MoeModel : public train::Model {
   void embedding_forward(cudaStream_t s) const;
   void head(cudaStream_t s) const;
   void embedding_backward(cudaStream_t s) const;
+  // The scale the backward starts from: the loss scale, divided by ep (ep > 1: each rank's loss is
+  // 1/ep of the step's, so the experts' gradients, summed over every rank's tokens, and the
+  // replicated parameters' gradients, summed by the all-reduce, are those of the mean loss).
+  const float* backward_scale() const;
+  // ep > 1: the replicated parameters' gradients summed over the expert-parallel group.
+  void reduce_replicated_grads(cudaStream_t s) const;
 
   const Context& ctx_;
   MoeShape shape_;
+  comm::Communicator* ep_comm_ = nullptr;
+  // ep > 1: the replicated parameters as ranges of consecutive ids [first, last] (the experts'
+  // weights, held per rank, between them).
+  std::vector<std::pair<train::ParamId, train::ParamId>> replicated_;
   std::vector<std::string> scopes_;
   train::ParamStore params_;
   GemmCache gemms_;
@@ -189,6 +213,9 @@ class MoeModel : public train::Model {
   TensorView d_s_, d_a_;                             // dense and shared-expert SwiGLU
   TensorView dy_sorted_, d_act_, d_up_, dx_sorted_;  // routed experts
   TensorView dweights_, dlogits_, dlogits_bf_;       // router
+  // Expert parallelism: two exchange buffers (send and receive, [rows, hidden] each) shared by the
+  // blocks forward and backward, and the backward's starting scale.
+  TensorView ep_a_, ep_b_, ep_scale_;
 };
 
 }  // namespace replay::moe

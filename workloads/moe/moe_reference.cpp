@@ -177,6 +177,59 @@ Dispatch dispatch_index(const int32_t* indices, const DispatchShape& s) {
   return d;
 }
 
+EpExchange ep_exchange(const std::vector<std::vector<int32_t>>& indices, int64_t tokens, int topk,
+                       int experts, int ranks, int64_t capacity) {
+  REPLAY_REQUIRE(ranks >= 1 && experts % ranks == 0 && static_cast<int>(indices.size()) == ranks,
+                 "ep_exchange: the ranks must divide the experts, one index set per rank");
+  EpExchange x;
+  x.layout = EpLayout{ranks, experts / ranks, capacity};
+  x.experts = experts, x.topk = topk, x.tokens = tokens;
+  const int L = x.layout.local_experts;
+  for (int s = 0; s < ranks; ++s)
+    x.send.push_back(dispatch_index(indices[s].data(), x.send_shape()));
+  x.received.assign(ranks, std::vector<int32_t>(static_cast<size_t>(ranks) * L, 0));
+  x.local_rows.assign(
+      ranks, std::vector<std::pair<int, int32_t>>(static_cast<size_t>(x.layout.rows()), {-1, -1}));
+  for (int d = 0; d < ranks; ++d)
+    for (int s = 0; s < ranks; ++s)
+      for (int l = 0; l < L; ++l) {
+        x.received[d][s * L + l] = x.send[s].expert_counts[d * L + l];
+        for (int64_t i = 0; i < capacity; ++i) {
+          const int32_t a = x.send[s].row_source[ep_send_row(d, l, i, L, capacity)];
+          if (a >= 0) x.local_rows[d][ep_local_row(s, l, i, ranks, capacity)] = {s, a};
+        }
+      }
+  return x;
+}
+
+std::vector<std::vector<double>> ep_all_to_all(const std::vector<std::vector<double>>& buffers,
+                                               int ranks, int64_t hidden) {
+  REPLAY_REQUIRE(static_cast<int>(buffers.size()) == ranks, "ep_all_to_all: a buffer per rank");
+  const size_t block = buffers[0].size() / static_cast<size_t>(ranks);
+  REPLAY_REQUIRE(block % static_cast<size_t>(hidden) == 0, "ep_all_to_all: whole rows per block");
+  std::vector<std::vector<double>> out(ranks, std::vector<double>(buffers[0].size()));
+  for (int s = 0; s < ranks; ++s)
+    for (int d = 0; d < ranks; ++d)
+      std::copy(buffers[s].begin() + static_cast<int64_t>(d * block),
+                buffers[s].begin() + static_cast<int64_t>((d + 1) * block),
+                out[d].begin() + static_cast<int64_t>(s * block));
+  return out;
+}
+
+std::vector<double> ep_permute(const std::vector<double>& in, const std::vector<int32_t>& received,
+                               const EpLayout& e, int64_t hidden, bool to_local) {
+  std::vector<double> out(in.size(), 0.0);
+  for (int s = 0; s < e.ranks; ++s)
+    for (int l = 0; l < e.local_experts; ++l)
+      for (int64_t i = 0; i < received[s * e.local_experts + l]; ++i) {
+        const int64_t x = ep_send_row(s, l, i, e.local_experts, e.capacity);
+        const int64_t y = ep_local_row(s, l, i, e.ranks, e.capacity);
+        const int64_t from = to_local ? x : y, to = to_local ? y : x;
+        for (int64_t h = 0; h < hidden; ++h) out[to * hidden + h] = in[from * hidden + h];
+      }
+  return out;
+}
+
 void gather(double* x_sorted, const double* x, const Dispatch& d, const DispatchShape& s,
             int64_t hidden) {
   for (int64_t row = 0; row < s.rows(); ++row) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "workloads/moe/dispatch.h"
@@ -63,6 +64,35 @@ void combine(double* out, const double* y_sorted, const double* weights, const D
 void combine_backward(double* dy_sorted, double* dweights, const double* dout,
                       const double* y_sorted, const double* weights, const Dispatch& d,
                       const DispatchShape& shape, int64_t hidden);
+
+// Expert parallelism (dispatch.h, EpLayout): the exchange of `ranks` simulated ranks. Rank s
+// sorts its own assignments indices[s] ([tokens, topk]) over the E global experts in capacity
+// mode with `capacity` (Cs) rows per expert: send[s] (its send buffer's rows: rank d's experts'
+// block is rows [d L Cs, d L Cs + L Cs)). After the all-to-all, rank d holds per source s and
+// local expert l received[d][s L + l] rows (what s kept for global expert d L + l), and its local
+// experts' layout (row ep_local_row(s, l, i)) holds the assignment local_rows[d][row] = (source
+// rank, assignment of that rank), {-1, -1} for padding.
+struct EpExchange {
+  EpLayout layout;
+  int experts = 0, topk = 0;
+  int64_t tokens = 0;
+  std::vector<Dispatch> send;
+  std::vector<std::vector<int32_t>> received;
+  std::vector<std::vector<std::pair<int, int32_t>>> local_rows;
+  DispatchShape send_shape() const {
+    return DispatchShape{tokens, experts, topk, DispatchMode::kCapacity, layout.capacity};
+  }
+};
+EpExchange ep_exchange(const std::vector<std::vector<int32_t>>& indices, int64_t tokens, int topk,
+                       int experts, int ranks, int64_t capacity);
+
+// The data movement of the exchange on [rows, hidden] buffers, per rank: the all-to-all (block d
+// of rank s's buffer to block s of rank d's) and moe_ep_permute's reordering with its masking by
+// the received counts (to_local: exchange layout -> local experts' layout; otherwise back).
+std::vector<std::vector<double>> ep_all_to_all(const std::vector<std::vector<double>>& buffers,
+                                               int ranks, int64_t hidden);
+std::vector<double> ep_permute(const std::vector<double>& in, const std::vector<int32_t>& received,
+                               const EpLayout& layout, int64_t hidden, bool to_local);
 
 // MLA, DeepSeek-V3's attention block as MoeModel runs it (moe_model.h), in fp64 for tokens
 // t = b * seq + s: h = rmsnorm(x; norm1); q = rope(rmsnorm(h Wqa^T; qnorm) Wqb^T) per head on its

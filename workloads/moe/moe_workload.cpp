@@ -107,6 +107,14 @@ void MoeWorkload::add_flags(CLI::App& app) {
   app.add_option("--graph-scope", scope_flag_,
                  "with --graphs layer: capture only these parts of each block, the others eager "
                  "(comma-separated: attn, mlp, moe_router, moe_preprocess, moe_experts)");
+  app.add_option("--ep", ep_flag_,
+                 "expert parallelism over N processes (mpiexec -n N): experts / N local experts "
+                 "each, the dispatch and combine as NCCL all-to-alls inside the graphs, each rank "
+                 "its own micro-batch; --ep 1: every expert on this GPU (the one-GPU reference)")
+      ->check(train::integer_in(1, 512));
+  app.add_option("--micro-batch", micro_batch_flag_,
+                 "sequences per step on this GPU (0: the preset's)")
+      ->check(train::integer_in(0, 4096));
   app.add_option("--layers", layers_flag_,
                  "MoE blocks (0: the preset's; 671b-ep32: as many of its 8 as fit the GPU)")
       ->check(train::integer_in(0, 64));
@@ -127,6 +135,20 @@ void MoeWorkload::resolve(const train::RunFlags& flags) {
   if (capacity_flag_ >= 0) shape_.capacity_factor = capacity_flag_;
   if (dropless_) shape_.capacity_factor = 0;
   if (layers_flag_ > 0) shape_.moe_layers = layers_flag_;
+  if (micro_batch_flag_ > 0) shape_.micro_batch = micro_batch_flag_;
+  if (ep_flag_ > 0) {
+    const std::string n = std::to_string(ep_flag_);
+    if (shape_.experts % ep_flag_ != 0)
+      throw bench::UsageError("--ep " + n + ": does not divide the " +
+                              std::to_string(shape_.experts) + " experts of " + preset_);
+    if (dropless_ && ep_flag_ > 1)
+      throw bench::UsageError("--ep " + n +
+                              " with --dropless: the expert-parallel exchange sends "
+                              "capacity-sized buffers; give --capacity-factor (dropless is "
+                              "single-process)");
+    shape_.ep = ep_flag_;
+    shape_.local_experts = shape_.experts / ep_flag_;
+  }
   scopes_ = split(scope_flag_);
   if (!scope_flag_.empty() && scopes_.empty())
     throw bench::UsageError("--graph-scope: no scope named in '" + scope_flag_ + "'");
@@ -196,6 +218,7 @@ nlohmann::ordered_json MoeWorkload::config() const {
           {"dense_ffn", s.dense_ffn},
           {"experts", s.experts},
           {"local_experts", s.local_experts},
+          {"expert_parallel", s.ep},
           {"groups", s.groups},
           {"topk_groups", s.topk_groups},
           {"topk", s.topk},
@@ -277,7 +300,17 @@ std::unique_ptr<train::Model> MoeWorkload::build(Context& ctx, const train::Trai
                    std::to_string(free_bytes >> 30) + " GiB free)";
     std::fprintf(out, "# layers: %s\n", layers_note_.c_str());
   }
-  return std::make_unique<MoeModel>(ctx, shape_, flags.seed, scopes_);
+  REPLAY_REQUIRE(shape_.ep == 1 || ep_comm_ != nullptr,
+                 "replay-moe: --ep " + std::to_string(shape_.ep) + " without its communicator");
+  return std::make_unique<MoeModel>(ctx, shape_, flags.seed, scopes_, ep_comm_);
+}
+
+void MoeWorkload::set_expert_parallel(int rank, int size, comm::Communicator* comm) {
+  REPLAY_REQUIRE(size == shape_.ep && comm != nullptr && comm->size() == size,
+                 "replay-moe: an expert-parallel group of " + std::to_string(size) +
+                     " ranks for --ep " + std::to_string(shape_.ep));
+  shape_.ep_rank = rank;
+  ep_comm_ = comm;
 }
 
 void MoeWorkload::log_config(bench::MlLogger& log, const train::Model&,

@@ -1,5 +1,6 @@
 // moe_workload.h: MoeWorkload, replay-moe's train::Workload: the presets (tiny, small, 671b-ep32),
-// its own flags (--capacity-factor, --dropless, --graph-scope, --layers), the resolved
+// its own flags (--capacity-factor, --dropless, --graph-scope, --layers, --ep, --micro-batch), the
+// resolved
 // configuration, the synthetic data line, the model (moe_model.h) and the MLPerf events.
 #pragma once
 
@@ -33,6 +34,8 @@ class MoeWorkload : public train::Workload {
                                       const train::RunFlags& flags, std::FILE* out) override;
   void log_config(bench::MlLogger& log, const train::Model& model,
                   const train::TrainingConfig& training) const override;
+  int expert_parallel() const override { return ep_flag_ > 0 ? ep_flag_ : 1; }
+  void set_expert_parallel(int rank, int size, comm::Communicator* comm) override;
 
   const MoeShape& shape() const { return shape_; }
   const std::vector<std::string>& scopes() const { return scopes_; }
@@ -49,6 +52,9 @@ class MoeWorkload : public train::Workload {
   bool dropless_ = false;
   std::string scope_flag_;
   int layers_flag_ = 0;  // 0: the preset's, within the memory budget (671b-ep32)
+  int ep_flag_ = 0;      // --ep: 0 not given (the preset's fold), else the expert-parallel ranks
+  int micro_batch_flag_ = 0;  // --micro-batch: 0 the preset's
+  comm::Communicator* ep_comm_ = nullptr;
   std::vector<std::string> scopes_;
   MoeShape shape_;
   std::string layers_note_;

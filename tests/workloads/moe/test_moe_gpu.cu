@@ -488,6 +488,32 @@ void check_dispatch_data(const DispatchShape& s, int64_t H, uint64_t seed) {
   EXPECT_TRUE(test::all_close("gather backward", test::from_bf16(d_dx.download()), dx, kBf16Tol));
 }
 
+// Expert parallelism's reordering (moe_ep_permute) against the reference, both directions, with
+// counts below, at and past nothing of the capacity: a copy, so bit-exact, and every row past its
+// count zero whatever the input holds there.
+TEST(MoeDispatchGpu, ExpertParallelPermuteMatchesReference) {
+  for (const EpLayout e : {EpLayout{2, 4, 6}, EpLayout{4, 2, 9}, EpLayout{1, 8, 5}}) {
+    SCOPED_TRACE("ranks " + std::to_string(e.ranks));
+    Stream stream;
+    const int64_t H = 64;
+    std::vector<int32_t> counts(static_cast<size_t>(e.ranks) * e.local_experts);
+    for (size_t i = 0; i < counts.size(); ++i)
+      counts[i] = static_cast<int32_t>((i * 7 + 3) % static_cast<size_t>(e.capacity + 1));
+    const auto x = test::round_bf16(test::random_normal(e.rows() * H, 81));
+    DeviceBuffer<bf16> d_x(test::to_bf16(x)), d_out(e.rows() * H);
+    DeviceBuffer<int32_t> d_counts(counts);
+    for (const bool to_local : {true, false}) {
+      moe_ep_permute(d_out.get(), d_x.get(), d_counts.get(), e, H, to_local, stream.s);
+      stream.sync();
+      const auto want = ref::ep_permute(to_double(x), counts, e, H, to_local);
+      const auto got = test::from_bf16(d_out.download());
+      std::vector<float> wantf(want.begin(), want.end());
+      EXPECT_TRUE(test::bit_equal(to_local ? "to local" : "to exchange", got.data(), wantf.data(),
+                                  got.size() * 4));
+    }
+  }
+}
+
 TEST(MoeDispatchGpu, DataMatchesReference) {
   check_dispatch_data(dispatch_shape(256, 8, 2, DispatchMode::kDropless), 64, 71);
   check_dispatch_data(dispatch_shape(256, 8, 2, DispatchMode::kCapacity, 40), 64, 72);

@@ -73,5 +73,50 @@ TEST(MoeHost, BadFlagsAreRefusedWithTheirNames) {
             std::string::npos);
 }
 
+// --ep: the experts split over the ranks (tiny-ep's 32 experts: 16 a rank at EP2, each rank
+// sending Cs = ceil(128 x 4 / 32) = 16 rows to each expert, so 2 x 16 rows per local expert);
+// --ep 1 holds every expert (no fold): the one-GPU reference.
+TEST(MoeHost, ExpertParallelShapes) {
+  MoeWorkload w;
+  resolved(w, {"--preset", "tiny-ep", "--ep", "2"});
+  EXPECT_EQ(w.expert_parallel(), 2);
+  EXPECT_EQ(w.shape().ep, 2);
+  EXPECT_EQ(w.shape().local_experts, 16);
+  EXPECT_EQ(w.shape().ep_capacity(), 16);
+  EXPECT_EQ(w.shape().capacity(), 32);
+  EXPECT_EQ(w.shape().dispatch_shape().experts, 32);
+  EXPECT_EQ(w.shape().dispatch_shape().rows(), 32 * 16);
+  MoeWorkload one;
+  resolved(one, {"--preset", "tiny-ep", "--ep", "1", "--micro-batch", "4"});
+  EXPECT_EQ(one.expert_parallel(), 1);
+  EXPECT_EQ(one.shape().local_experts, 32);
+  EXPECT_EQ(one.shape().tokens(), 256);
+  EXPECT_EQ(one.shape().capacity(), 32);  // 256 x 4 / 32: the EP2 ranks' 2 x 16 together
+  MoeWorkload plain;
+  resolved(plain, {"--preset", "tiny-ep"});
+  EXPECT_EQ(plain.expert_parallel(), 1);
+  EXPECT_EQ(plain.shape().local_experts, 4);  // the one-process fold, unchanged
+}
+
+// Refused before any work: --ep not dividing the experts, with dropless, and (the driver, before
+// the GPU is touched) with one process.
+TEST(MoeHost, ExpertParallelRefusals) {
+  EXPECT_NE(usage_error({"--preset", "tiny", "--ep", "3"}).find("does not divide the 8 experts"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--preset", "tiny-ep", "--ep", "2", "--dropless"}).find("--dropless"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--ep", "0"}), "");
+  MoeWorkload w;
+  const train::RunFlags f = resolved(w, {"--preset", "tiny-ep", "--ep", "2", "--steps", "1"});
+  std::string message;
+  try {
+    train::run(w, f, stdout, train::RunOptions{false});
+  } catch (const bench::UsageError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("--ep 2: expert parallelism runs one process per rank"), std::string::npos)
+      << message;
+}
+
 }  // namespace
 }  // namespace replay::moe
