@@ -177,28 +177,25 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   if (ep > 1) {
     const std::string n = std::to_string(ep);
     if (world.size == 1)
-      throw bench::UsageError("--ep " + n +
-                              ": expert parallelism runs one process per rank; "
-                              "launch " +
-                              n + " (mpiexec -n " + n +
-                              " ...), or --ep 1 for every "
-                              "expert on this GPU");
+      throw bench::UsageError(
+          "--ep " + n + ": expert parallelism runs one process per rank; launch " + n +
+          " (mpiexec -n " + n + " ...), or --ep 1 for every expert on this GPU");
     if (world.size % ep != 0)
       throw bench::UsageError("--ep " + n + ": the launch has " + std::to_string(world.size) +
                               " processes, not a multiple of it");
     if (world.size != ep)
-      throw bench::UsageError("--ep " + n + " with " + std::to_string(world.size) +
-                              " processes: expert parallelism times data parallelism is not "
-                              "supported yet; launch " +
-                              n + " processes");
+      throw bench::UsageError(
+          "--ep " + n + " with " + std::to_string(world.size) +
+          " processes: expert parallelism times data parallelism is not supported yet; launch " +
+          n + " processes");
     if (f.tp > 1 || f.dp > 1)
       throw bench::UsageError(
-          "--ep with --tp or --dp: not supported yet (the expert-parallel "
-          "ranks already split the batch)");
+          "--ep with --tp or --dp: not supported yet (the expert-parallel ranks already split the "
+          "batch)");
     if (!f.save.empty() || !f.load.empty())
       throw bench::UsageError(
-          "--save/--load: checkpoints of expert-parallel runs are not written "
-          "yet (each rank holds its own experts)");
+          "--save/--load: checkpoints of expert-parallel runs are not written yet (each rank holds "
+          "its own experts)");
   }
   const int tp = world.size > 1 && f.tp > 1 ? f.tp : 1;
   if (world.size % tp != 0)
@@ -271,9 +268,8 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
         std::make_unique<comm::Watchdog>(world, std::move(comms), &collectives, f.comm_timeout_s);
     if (f.warmup < 1 && f.graphs != "none")
       throw bench::UsageError(
-          "--warmup: a run over several processes captures NCCL collectives, whose first call must "
-          "be "
-          "eager; give --warmup 1 or more");
+          "--warmup: a run over several processes captures NCCL collectives, whose first call "
+          "must be eager; give --warmup 1 or more");
   }
 
   bench::MlLogOptions log_options;

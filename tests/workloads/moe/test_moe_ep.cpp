@@ -253,7 +253,8 @@ TEST(MoeExpertParallel, TheLayerAcrossRanksIsTheOneProcessLayer) {
       const Layer ep = expert_parallel(idx, x, w, dout, A, T, E, k, Cs, H);
       int64_t dropped = 0;
       for (int r = 0; r < N; ++r)
-        dropped += ref::dispatch_index(idx[r].data(), {T, E, k, DispatchMode::kCapacity, Cs}).dropped;
+        dropped +=
+            ref::dispatch_index(idx[r].data(), {T, E, k, DispatchMode::kCapacity, Cs}).dropped;
       EXPECT_EQ(dropped > 0, drops);
       if (!drops) {
         // One process with every rank's tokens, in rank order, and room for all of them.

@@ -288,5 +288,15 @@ TEST(MoePipelineStage, FoldedExpertsOnAStageHeadAreBitIdentical) {
   expect_modes(args);
 }
 
+// --ep 1: every one of tiny-ep's 32 experts on this GPU (no fold), with twice the micro-batch: the
+// one-GPU reference of an EP2 run (tests/scripts/test_expert_parallel.py), bit-identical in every
+// mode and scope like the others.
+TEST(MoePipelineStage, EveryExpertLocalIsBitIdentical) {
+  const std::vector<std::string> args = {"--preset", "tiny-ep", "--seed",        "9",
+                                         "--steps",  "12",      "--warmup",      "2",
+                                         "--ep",     "1",       "--micro-batch", "4"};
+  expect_modes(args);
+}
+
 }  // namespace
 }  // namespace replay::moe
