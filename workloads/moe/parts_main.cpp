@@ -105,6 +105,10 @@ int run_parts(int argc, char** argv) {
   const std::optional<train::RunFlags> parsed = train::parse(w, args);
   if (!parsed) return 0;
   const train::RunFlags f = train::resolve(w, *parsed);
+  if (w.expert_parallel() > 1)
+    throw bench::UsageError(
+        "--ep: replay-moe-parts times one process's parts; time an expert-parallel run with "
+        "replay-moe under mpiexec");
   Context ctx;
   w.open_data(f, stdout);
   const train::TrainingConfig training = train::training_config(w, f);
