@@ -1072,8 +1072,6 @@ void MoeModel::embedding_backward(cudaStream_t s) const {
       embedding_ws_.data, embedding_ws_.bytes(), s);
 }
 
-// The loss (the head's plus every MoE block's auxiliary loss) and the residual gradient of the
-// last block's output.
 const float* MoeModel::backward_scale() const {
   return ep_comm_ != nullptr ? ptr<float>(ep_scale_) : io_.loss_scale;
 }
@@ -1087,8 +1085,9 @@ void MoeModel::reduce_replicated_grads(cudaStream_t s) const {
   ep_comm_->all_reduce_group(buffers, ncclFloat32, ncclSum, s);
 }
 
-// Expert parallelism: the step's loss is the mean of the ranks' (all-reduced, so every rank
-// reports it), and the backward starts from the loss scale / ep (backward_scale).
+// The loss (the head's plus every MoE block's auxiliary loss) and the residual gradient of the
+// last block's output. Expert parallelism: the step's loss is the mean of the ranks' (all-reduced,
+// so every rank reports it), and the backward starts from the loss scale / ep (backward_scale).
 void MoeModel::head(cudaStream_t s) const {
   const int64_t M = shape_.tokens(), C = shape_.hidden;
   const TensorView& y = x_.back();
