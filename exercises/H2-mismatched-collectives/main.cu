@@ -411,10 +411,14 @@ int report_broken(const ex::Args& args, const std::vector<long long>& completed,
   std::string aborted = "not needed";
   if (!w.completed) {
     aborted = abort_with_deadline(comm.handle());
-    const cudaError_t after = cudaEventQuery(done);
+    // Whether the abort ended the spinning collective (NCCL's kernels poll an abort flag). Not
+    // asked while the abort still runs: it may hold CUDA locks a query would wait on.
+    const std::string after = aborted.rfind("returned", 0) == 0
+                                  ? ex::name(cudaEventQuery(done))
+                                  : std::string("not queried (the abort still runs)");
     std::printf(
         "H2 rank %d watchdog: %s; ncclCommAbort %s; the replay's event after the abort: %s\n", rank,
-        describe_stall(w, comm, rank).c_str(), aborted.c_str(), ex::name(after).c_str());
+        describe_stall(w, comm, rank).c_str(), aborted.c_str(), after.c_str());
     std::fflush(stdout);
   }
   // Over MPI (the host is free even while the GPU spins): who completed, where each one waited.
