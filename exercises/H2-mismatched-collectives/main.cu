@@ -15,9 +15,10 @@
 // Fixed: before the first replay every rank hashes the collectives it enqueued during capture
 // (kind, count, type, reduction, in order: a thin wrapper around ncclAllReduce records them) and
 // the ranks compare the hashes with MPI_Allgather. The planted mismatch is found there, each rank
-// names the first differing collective on both sides, and nothing is replayed. Then the corrected
-// step (the found-inf all-reduce on every rank, unconditionally) is captured, passes the check and
-// is replayed kReplays times, every all-reduced value checked against its expected sum.
+// names the first differing collective on both sides, and nothing is replayed. Then, as a rerun
+// after the fix would (a fresh communicator, warmed), the corrected step (the found-inf all-reduce
+// on every rank, unconditionally) is captured, passes the check and is replayed kReplays times,
+// every all-reduced value checked against its expected sum.
 //
 // The log, the check and the broken mode's verdict need no GPU: they are in capture_check.h, which
 // tests/exercises/test_h2_capture_check.cu runs on the CPU.
@@ -250,6 +251,28 @@ std::string describe_stall(const Wait& w, const LoggedComm& comm, int rank) {
   std::_Exit(code);
 }
 
+// A communicator over every rank: rank 0's unique id sent over MPI.
+ncclComm_t make_comm(int rank, int ranks) {
+  ncclUniqueId id;
+  if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t comm;
+  NCCL_CHECK(ncclCommInitRank(&comm, ranks, id, rank));
+  return comm;
+}
+
+// One eager step on every rank, every collective included: it warms each collective kind before
+// any capture (C18). Returns this rank's overflow flag (rank-local data); the step counter is
+// reset.
+bool warm_up(LoggedComm& comm, const Buffers& b, int rank, cudaStream_t s) {
+  enqueue_step(comm, b, rank, true, s);
+  EX_CHECK(cudaStreamSynchronize(s));
+  const bool overflow = ex::read_back(b.found_inf) != 0;
+  EX_CHECK(cudaMemsetAsync(b.step, 0, sizeof(int), s));
+  EX_CHECK(cudaStreamSynchronize(s));
+  return overflow;
+}
+
 // ---- The two modes -----------------------------------------------------------------------------
 
 // Broken: the mismatched graphs replayed, the watchdog names the stall.
@@ -302,12 +325,12 @@ std::string describe_stall(const Wait& w, const LoggedComm& comm, int rank) {
 
 // Fixed: the capture check stops the mismatched graphs before any replay; the corrected step is
 // captured, checked and replayed kReplays times with its sums checked.
-[[noreturn]] void run_fixed(const ex::Args& args, LoggedComm& comm, const Buffers& b, int rank,
-                            int ranks, bool local_overflow, cudaStream_t s) {
+[[noreturn]] void run_fixed(const ex::Args& args, LoggedComm& planted_comm, const Buffers& b,
+                            int rank, int ranks, bool local_overflow, cudaStream_t s) {
   // 1. The same mismatched capture as the broken mode, compared before the first replay.
   const auto t0 = std::chrono::steady_clock::now();
-  const Captured planted = capture_step(comm, b, rank, local_overflow, s);
-  const Comparison check = compare_captures(comm, rank, ranks);
+  const Captured planted = capture_step(planted_comm, b, rank, local_overflow, s);
+  const Comparison check = compare_captures(planted_comm, rank, ranks);
   const double check_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!check.same)
@@ -332,9 +355,12 @@ std::string describe_stall(const Wait& w, const LoggedComm& comm, int rank) {
         check.other, check.there.c_str(), check_s);
   }
 
-  // 2. The corrected step: the found-inf all-reduce on every rank, whatever this rank saw.
-  EX_CHECK(cudaMemsetAsync(b.step, 0, sizeof(int), s));
-  EX_CHECK(cudaStreamSynchronize(s));
+  // 2. The corrected program, as a rerun after the fix would start: a fresh communicator (the
+  // first one's host state saw the mismatched captures; its graphs go first, H1), warmed, and the
+  // step with the found-inf all-reduce on every rank, whatever this rank saw.
+  NCCL_CHECK(ncclCommDestroy(planted_comm.handle()));
+  LoggedComm comm(make_comm(rank, ranks));
+  warm_up(comm, b, rank, s);
   const Captured step = capture_step(comm, b, rank, true, s);
   const Comparison recheck = compare_captures(comm, rank, ranks);
   cudaEvent_t done = ex::untimed_event();
@@ -416,12 +442,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   EX_CHECK(cudaSetDevice(rank % devices));
-  ncclUniqueId id;
-  if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclComm_t handle;
-  NCCL_CHECK(ncclCommInitRank(&handle, ranks, id, rank));
-  LoggedComm comm(handle);
+  LoggedComm comm(make_comm(rank, ranks));
   const cudaStream_t stream = ex::nonblocking_stream();
 
   Buffers b;
@@ -436,13 +457,8 @@ int main(int argc, char** argv) {
   b.progress = progress;
   *b.progress = 0;
 
-  // One eager step on every rank, every collective included: it warms each collective kind before
-  // any capture (C18), and its rank-local overflow flag is what the broken branch reads.
-  enqueue_step(comm, b, rank, true, stream);
-  EX_CHECK(cudaStreamSynchronize(stream));
-  const bool local_overflow = ex::read_back(b.found_inf) != 0;  // rank 1: yes, rank 0: no
-  EX_CHECK(cudaMemset(b.step, 0, sizeof(int)));
-  EX_CHECK(cudaDeviceSynchronize());
+  // The eager warm-up step; its rank-local overflow flag is what the broken branch reads.
+  const bool local_overflow = warm_up(comm, b, rank, stream);  // rank 1: yes, rank 0: no
 
   // The planted bug, in both modes: skip the found-inf all-reduce where this rank saw no overflow.
   if (args.broken()) run_broken(args, comm, b, rank, ranks, local_overflow, stream);
