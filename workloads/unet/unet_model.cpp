@@ -201,12 +201,16 @@ struct UnetModel::Impl {
     return static_cast<int>(tensors.size()) - 1;
   }
   Tensor& T(int id) { return tensors[static_cast<size_t>(id)]; }
-  int fwd_phase(int b) const { return b + 1; }
-  int bwd_phase(int b) const {
-    const int B = static_cast<int>(blocks.size());
-    return b == B ? B + 1 : 2 * B + 1 - b;
-  }
-  int optimizer_phase() const { return 2 * static_cast<int>(blocks.size()) + 2; }
+  // The step's phases, one per node and direction, in the order they run: node k's forward is
+  // phase k + 1, the backward runs the nodes in reverse (node k's backward is phase 2K - k, the
+  // loss node's forward and backward the middle two), then the optimizer (2K + 1). Buffers live
+  // from the phase that writes them to the last that reads them, so the arena shares memory
+  // between any two never live together, within a block as well as across blocks.
+  int node_count() const { return static_cast<int>(nodes.size()); }
+  int fwd_phase(int node) const { return node + 1; }
+  int bwd_phase(int node) const { return 2 * node_count() - node; }
+  int optimizer_phase() const { return 2 * node_count() + 1; }
+  std::string phase_name(int p) const;
   void add_node(std::unique_ptr<Node> n);
   void finish();
   void build();
@@ -228,6 +232,14 @@ struct Node {
   virtual void backward(UnetModel::Impl& m, cudaStream_t s) = 0;
   virtual double flops() const { return 0; }  // forward and backward
 };
+
+std::string UnetModel::Impl::phase_name(int p) const {
+  const int K = node_count();
+  if (p == optimizer_phase()) return "optimizer";
+  if (p >= 1 && p <= K) return nodes[static_cast<size_t>(p - 1)]->name + ".fwd";
+  if (p > K && p <= 2 * K) return nodes[static_cast<size_t>(2 * K - p)]->name + ".bwd";
+  return p == Lifetime::kForever ? "end" : "phase " + std::to_string(p);
+}
 
 namespace {
 
@@ -566,6 +578,7 @@ struct Builder {
     d.kernel = kernel, d.stride = stride, d.padding = kernel / 2, d.dtype = dt, d.bias = true;
     const int y = m.tensor(name, dt, N * d.out_height() * d.out_width(), cout, true);
     auto* n = node<ConvNode>(name, {x}, {y});
+    n->bwd_reads = {x};  // the weight gradient reads the input
     n->d = d;
     n->w = param(name + ".weight", {cout, kernel, kernel, cin},
                  zero ? train::ParamInit::kZeros : train::ParamInit::kNormal,
@@ -850,25 +863,26 @@ void UnetModel::Impl::finish() {
   for (Tensor& t : tensors) {
     if (t.external) continue;
     REPLAY_REQUIRE(t.producer >= 0, "tensor " + t.name + " has no producer");
-    t.begin = t.end = fwd_phase(nodes[static_cast<size_t>(t.producer)]->block);
+    t.begin = t.end = fwd_phase(t.producer);
   }
   std::vector<bool> written(tensors.size(), false);
   for (size_t k = nodes.size(); k-- > 0;) {
     Node& n = *nodes[k];
+    const int node = static_cast<int>(k);
     for (int i : n.ins) {
       Tensor& t = T(i);
-      if (!t.external) t.end = std::max(t.end, fwd_phase(n.block));
+      if (!t.external) t.end = std::max(t.end, fwd_phase(node));
     }
     for (int i : n.bwd_reads) {
       Tensor& t = T(i);
-      if (!t.external) t.end = std::max(t.end, bwd_phase(n.block));
+      if (!t.external) t.end = std::max(t.end, bwd_phase(node));
     }
     for (int o : n.outs) {
       Tensor& t = T(o);
       if (!t.grad) continue;
       REPLAY_REQUIRE(written[static_cast<size_t>(o)],
                      "node " + n.name + ": nothing writes the gradient of " + t.name);
-      t.gend = std::max(t.gend, bwd_phase(n.block));
+      t.gend = std::max(t.gend, bwd_phase(node));
     }
     n.acc.assign(n.ins.size(), false);
     for (size_t j = 0; j < n.ins.size(); ++j) {
@@ -877,7 +891,7 @@ void UnetModel::Impl::finish() {
       if (!t.grad) continue;
       n.acc[j] = written[static_cast<size_t>(i)];
       written[static_cast<size_t>(i)] = true;
-      t.gbegin = std::min(t.gbegin, bwd_phase(n.block));
+      t.gbegin = std::min(t.gbegin, bwd_phase(node));
     }
   }
   flops = 0;
@@ -1014,6 +1028,96 @@ int64_t UnetModel::parameter_count() const {
   return impl_->params.total_numel();
 }
 
+namespace {
+
+std::string gib_text(size_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// The kind of op that writes a tensor, for the memory report.
+std::string producer_kind(const Node* n) {
+  if (n == nullptr) return "input";
+  if (dynamic_cast<const ConvNode*>(n)) return "convolution";
+  if (const auto* g = dynamic_cast<const GroupNormNode*>(n))
+    return g->shape.pixels == 1
+               ? "layer_norm"
+               : (g->act == GroupNormAct::kSilu ? "group_norm+silu" : "group_norm");
+  if (dynamic_cast<const AttentionNode*>(n)) return "attention";
+  if (dynamic_cast<const LinearNode*>(n)) return "linear";
+  if (dynamic_cast<const GegluNode*>(n)) return "geglu";
+  if (dynamic_cast<const AddNode*>(n)) return "add";
+  if (dynamic_cast<const ChannelBiasNode*>(n)) return "timestep_bias";
+  if (dynamic_cast<const ConcatNode*>(n)) return "concat";
+  if (dynamic_cast<const UpsampleNode*>(n)) return "upsample";
+  if (dynamic_cast<const SiluNode*>(n)) return "silu";
+  return "diffusion";
+}
+
+// The arena's table, its peak phase and what is live there (UnetStructure::memory_report).
+void memory_report(UnetModel::Impl& m, const ArenaPlan& plan, UnetStructure& s) {
+  std::string out = plan.table(16);
+  const int last = m.optimizer_phase();
+  std::vector<size_t> live(static_cast<size_t>(last + 1), 0);
+  for (const ArenaPlan::Entry& e : plan.entries())
+    for (int p = 1; p <= last; ++p)
+      if (e.life.begin <= p && p <= e.life.end) live[static_cast<size_t>(p)] += e.bytes;
+  int peak = 1;
+  for (int p = 1; p <= last; ++p)
+    if (live[static_cast<size_t>(p)] > live[static_cast<size_t>(peak)]) peak = p;
+  s.peak_live_bytes = live[static_cast<size_t>(peak)];
+  s.peak_phase = m.phase_name(peak);
+  auto alive = [peak](const Lifetime& l) { return l.begin <= peak && peak <= l.end; };
+  char line[240];
+  std::snprintf(line, sizeof(line),
+                "peak: %s live at phase %d of %d (%s); the arena is %s (%.1f%% over the live "
+                "bytes)\n",
+                gib_text(s.peak_live_bytes).c_str(), peak, last, s.peak_phase.c_str(),
+                gib_text(plan.total_bytes()).c_str(),
+                100.0 * (static_cast<double>(plan.total_bytes()) /
+                             static_cast<double>(std::max<size_t>(s.peak_live_bytes, 1)) -
+                         1.0));
+  out += line;
+  std::map<std::string, size_t> groups, kinds;
+  for (const ArenaPlan::Entry& e : plan.entries())
+    if (alive(e.life)) groups[e.group] += e.bytes;
+  for (const Tensor& t : m.tensors) {
+    const Node* n = t.producer >= 0 ? m.nodes[static_cast<size_t>(t.producer)].get() : nullptr;
+    if (t.id >= 0 && alive(plan.entry(t.id).life))
+      kinds["saved " + producer_kind(n)] += plan.entry(t.id).bytes;
+    if (t.gid >= 0 && alive(plan.entry(t.gid).life))
+      kinds["gradient of " + producer_kind(n)] += plan.entry(t.gid).bytes;
+  }
+  out += "live at the peak, by group:\n";
+  for (const auto& [g, b] : groups) {
+    std::snprintf(line, sizeof(line), "  %-28s %12s\n", g.c_str(), gib_text(b).c_str());
+    out += line;
+  }
+  out += "live activations and gradients at the peak, by the op that wrote them:\n";
+  std::vector<std::pair<size_t, std::string>> sorted;
+  for (const auto& [k, b] : kinds) sorted.emplace_back(b, k);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (const auto& [b, k] : sorted) {
+    std::snprintf(line, sizeof(line), "  %-28s %12s\n", k.c_str(), gib_text(b).c_str());
+    out += line;
+  }
+  std::vector<const ArenaPlan::Entry*> big;
+  for (const ArenaPlan::Entry& e : plan.entries())
+    if (alive(e.life) && e.life.end != Lifetime::kForever) big.push_back(&e);
+  std::sort(big.begin(), big.end(), [](auto* a, auto* b) { return a->bytes > b->bytes; });
+  out += "largest live buffers at the peak (lifetime):\n";
+  for (size_t i = 0; i < big.size() && i < 12; ++i) {
+    std::snprintf(line, sizeof(line), "  %-56.56s %10s  %s .. %s\n", big[i]->name.c_str(),
+                  gib_text(big[i]->bytes).c_str(), m.phase_name(big[i]->life.begin).c_str(),
+                  m.phase_name(big[i]->life.end).c_str());
+    out += line;
+  }
+  s.memory_report = out;
+}
+
+}  // namespace
+
 UnetStructure unet_structure(const UnetConfig& config) {
   config.validate();
   UnetModel::Impl m(nullptr, config, nullptr, -1);
@@ -1034,6 +1138,19 @@ UnetStructure unet_structure(const UnetConfig& config) {
   m.plan_buffers(plan);
   plan.plan();
   s.arena_bytes = plan.total_bytes();
+  memory_report(m, plan, s);
+  for (size_t k = 0; k < m.nodes.size(); ++k)
+    if (const auto* c = dynamic_cast<const ConvNode*>(m.nodes[k].get())) {
+      const Tensor& x = m.T(c->ins[0]);
+      if (!x.external && x.end < m.bwd_phase(static_cast<int>(k)))
+        s.conv_inputs_dead_at_backward += 1;
+    }
+  const std::vector<ArenaPlan::Entry>& es = plan.entries();
+  for (size_t i = 0; i < es.size(); ++i)
+    for (size_t j = i + 1; j < es.size(); ++j)
+      if (es[i].bytes > 0 && es[j].bytes > 0 && es[i].life.overlaps(es[j].life) &&
+          es[i].offset < es[j].offset + es[j].bytes && es[j].offset < es[i].offset + es[i].bytes)
+        s.overlapping_live_pairs += 1;
   for (const auto& n : m.nodes)
     if (const auto* a = dynamic_cast<const AttentionNode*>(n.get())) {
       const AttentionDesc& d = a->desc;
@@ -1071,7 +1188,7 @@ void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
       t.gid =
           plan.add("unet.d." + t.name, t.dtype, t.numel(), "activation grads", {t.gbegin, t.gend});
   }
-  const Lifetime step{1, 2 * static_cast<int>(m.blocks.size()) + 1};
+  const Lifetime step{1, m.optimizer_phase() - 1};
   auto ws = [&](const char* name, size_t bytes) {
     return plan.add(std::string("unet.") + name, std::max<size_t>(bytes, 256), "workspaces", step);
   };

@@ -96,6 +96,16 @@ struct UnetStructure {
   // deterministic attention backward's, about B x heads x Sq x Skv x 2 bytes.
   size_t arena_bytes = 0;
   size_t attention_workspace_bytes = 0;
+  // Where the arena goes: the table by group and the largest buffers, the phase at which the most
+  // bytes are live (and the arena can be no smaller), what is live there by group and by the kind
+  // of op that wrote it, the largest live buffers with their lifetimes.
+  std::string memory_report;
+  size_t peak_live_bytes = 0;
+  std::string peak_phase;
+  // Checks of the plan: convolutions whose input is not live at their backward (the weight
+  // gradient reads it), and pairs of buffers live at the same phase that share bytes. Both 0.
+  int conv_inputs_dead_at_backward = 0;
+  int overlapping_live_pairs = 0;
 };
 UnetStructure unet_structure(const UnetConfig& config);
 
