@@ -72,7 +72,13 @@ std::string UnetConfig::describe() const {
                 ", context %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %s",
                 base, m.c_str(), a.c_str(), res_blocks, groups, head_dim, latent_channels, latent,
                 latent, context_len, context_dim, batch, dtype_name(dtype));
-  return buf;
+  std::string r = buf;
+  if (recompute_norms || recompute_geglu)
+    r += std::string(", recomputed in the backward: ") + (recompute_norms && recompute_geglu
+                                                              ? "norms, GEGLU"
+                                                          : recompute_norms ? "norms"
+                                                                            : "GEGLU");
+  return r;
 }
 
 // ---- The tape -----------------------------------------------------------------------------------
@@ -91,9 +97,22 @@ struct Tensor {
   BufferId id = -1, gid = -1;
   void* data = nullptr;
   void* gdata = nullptr;
+  // Recomputed (UnetConfig::recompute_*): the forward's buffer lives only until the last forward
+  // reader; the backward reads a second buffer that its producer's forward kernel fills again,
+  // from the same inputs, just before the first backward reader runs.
+  bool recompute = false;
+  int rbegin = INT_MAX, rend = -1;  // the second buffer's lifetime
+  // The gradient is written over the data (one buffer): the node that reads the data last writes
+  // the gradient first, in place (GEGLU's backward: din may alias in).
+  bool grad_in_place = false;
+  BufferId rid = -1;
+  void* rdata = nullptr;
   int64_t numel() const { return rows * cols; }
   TensorView view() const { return TensorView(data, dtype, {numel()}); }
   TensorView gview() const { return TensorView(gdata, dtype, {numel()}); }
+  TensorView rview() const { return TensorView(rdata, dtype, {numel()}); }
+  // What a backward reads: the saved bytes, or the recomputed ones.
+  void* bdata() const { return recompute ? rdata : data; }
 };
 
 }  // namespace
@@ -179,7 +198,9 @@ struct UnetModel::Impl {
   // Workspaces (whole step) and their sizes.
   size_t gemm_ws_bytes = 0, conv_ws_bytes = 0, attn_ws_bytes = 0, gn_ws_bytes = 0,
          bias_ws_bytes = 0, cbias_ws_bytes = 0, loss_ws_bytes = 0;
-  int64_t scratch_elements = 0, dw16_elements = 0;
+  int64_t scratch_elements = 0, dw16_elements = 0, rstats_elements = 0;
+  BufferId rstats_id = -1;  // a recomputed norm's mean and rstd (equal to the saved ones)
+  float* rstats = nullptr;
   BufferId gemm_ws_id = -1, conv_ws_id = -1, attn_ws_id = -1, gn_ws_id = -1, bias_ws_id = -1,
            cbias_ws_id = -1, loss_ws_id = -1, scratch_id = -1, dw16_id = -1, table_id = -1;
   void *gemm_ws = nullptr, *conv_ws = nullptr, *attn_ws = nullptr, *gn_ws = nullptr,
@@ -193,6 +214,12 @@ struct UnetModel::Impl {
   int64_t next_batch = 0;
   double flops = 0;
   std::unique_ptr<OpTimer> timer;  // --op-times only
+  // --poison-dead-buffers: after each phase, the buffers whose lifetime ended there, filled with
+  // 0xFF bytes (NaN in every float type). Built on the first use, after bind().
+  bool poison = false;
+  std::vector<std::vector<std::pair<void*, size_t>>> dead_after;  // by phase
+  void poison_after(int phase, cudaStream_t s);
+  void recompute_for(Node& n, cudaStream_t s);  // n's recomputes, before its backward
 
   int tensor(const std::string& name, DType dtype, int64_t rows, int64_t cols, bool grad) {
     Tensor t;
@@ -224,14 +251,45 @@ struct Node {
   virtual ~Node() = default;
   std::string name;
   int block = 0;
+  int index = 0;  // in the node list: its phases are fwd_phase(index) and bwd_phase(index)
   std::vector<int> ins, outs, bwd_reads;
   std::vector<bool> acc;
+  std::vector<int> recomputes;  // tensors recomputed just before this node's backward
   train::ParamId p_first = -1, p_last = -1;
   OpClass op_class = OpClass::kPointwise;  // --op-times
   virtual void forward(UnetModel::Impl& m, cudaStream_t s) = 0;
   virtual void backward(UnetModel::Impl& m, cudaStream_t s) = 0;
+  // Writes outs[0] again into its recompute buffer: the forward's kernel on the same inputs.
+  virtual bool recomputable() const { return false; }
+  virtual void recompute(UnetModel::Impl&, cudaStream_t) {}
   virtual double flops() const { return 0; }  // forward and backward
 };
+
+void UnetModel::Impl::poison_after(int phase, cudaStream_t s) {
+  if (dead_after.empty()) {
+    dead_after.resize(static_cast<size_t>(optimizer_phase() + 1));
+    auto add = [this](int end, void* ptr, int64_t numel, DType dtype) {
+      if (ptr == nullptr || end < 1 || end > optimizer_phase()) return;
+      dead_after[static_cast<size_t>(end)].emplace_back(
+          ptr, static_cast<size_t>(numel) * dtype_size(dtype));
+    };
+    for (const Tensor& t : tensors) {
+      if (!t.external) add(t.end, t.data, t.numel(), t.dtype);
+      if (t.gid >= 0) add(t.gend, t.gdata, t.numel(), t.dtype);
+      if (t.rid >= 0) add(t.rend, t.rdata, t.numel(), t.dtype);
+    }
+  }
+  for (const auto& [ptr, bytes] : dead_after[static_cast<size_t>(phase)])
+    REPLAY_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, bytes, s));
+}
+
+void UnetModel::Impl::recompute_for(Node& n, cudaStream_t s) {
+  for (int t : n.recomputes) {
+    Node& p = *nodes[static_cast<size_t>(T(t).producer)];
+    p.recompute(*this, s);
+    if (timer) timer->mark(static_cast<int>(p.op_class), s);
+  }
+}
 
 std::string UnetModel::Impl::phase_name(int p) const {
   const int K = node_count();
@@ -298,7 +356,7 @@ struct ConvNode : Node {
   void backward(Impl& m, cudaStream_t s) override {
     const void* dy = m.T(outs[0]).gdata;
     ConvArgs wa;
-    wa.dy = dy, wa.x = m.T(ins[0]).data, wa.dw = fp32_dw ? static_cast<void*>(G(m, w)) : m.dw16;
+    wa.dy = dy, wa.x = m.T(ins[0]).bdata(), wa.dw = fp32_dw ? static_cast<void*>(G(m, w)) : m.dw16;
     wgrad->execute(*m.ctx, s, wa, m.conv_ws, m.conv_ws_bytes);
     if (!fp32_dw) to_float(d.dtype, G(m, w), m.dw16, d.w_elements(), s);
     conv_bias_grad(d.dtype, G(m, b), dy, d.batch * d.out_height() * d.out_width(), d.out_channels,
@@ -326,15 +384,26 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
     c.batch = std::min(kChunk, shape.batch - first);
     return c;
   }
-  void forward(Impl& m, cudaStream_t s) override {
+  void run_forward(Impl& m, void* y, float* mean, float* rstd, cudaStream_t s) const {
     const int64_t row = shape.pixels * shape.channels * 2;  // bytes of one sample
     for (int64_t n = 0; n < shape.batch; n += kChunk) {
-      group_norm_forward(m.config.dtype, static_cast<char*>(m.T(outs[0]).data) + n * row,
-                         static_cast<float*>(m.T(outs[1]).data) + n * shape.groups,
-                         static_cast<float*>(m.T(outs[2]).data) + n * shape.groups,
+      group_norm_forward(m.config.dtype, static_cast<char*>(y) + n * row, mean + n * shape.groups,
+                         rstd + n * shape.groups,
                          static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma),
                          W(m, beta), chunk(n), eps, act, m.gn_ws, m.gn_ws_bytes, s);
     }
+  }
+  void forward(Impl& m, cudaStream_t s) override {
+    run_forward(m, m.T(outs[0]).data, static_cast<float*>(m.T(outs[1]).data),
+                static_cast<float*>(m.T(outs[2]).data), s);
+  }
+  // The same launches on the same x, gamma and beta: the same y, bit for bit (the statistics,
+  // equal to the saved ones, go to a scratch).
+  bool recomputable() const override { return true; }
+  void recompute(Impl& m, cudaStream_t s) override {
+    const int64_t stats = shape.batch * shape.groups;
+    REPLAY_REQUIRE(2 * stats <= m.rstats_elements, name + ": recompute statistics scratch");
+    run_forward(m, m.T(outs[0]).rdata, m.rstats, m.rstats + stats, s);
   }
   void backward(Impl& m, cudaStream_t s) override {
     const int64_t row = shape.pixels * shape.channels * 2;
@@ -342,7 +411,7 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
       group_norm_backward(
           m.config.dtype, static_cast<char*>(m.T(ins[0]).gdata) + n * row, G(m, gamma), G(m, beta),
           static_cast<const char*>(m.T(outs[0]).gdata) + n * row,
-          static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma), W(m, beta),
+          static_cast<const char*>(m.T(ins[0]).bdata()) + n * row, W(m, gamma), W(m, beta),
           static_cast<const float*>(m.T(outs[1]).data) + n * shape.groups,
           static_cast<const float*>(m.T(outs[2]).data) + n * shape.groups, chunk(n), act, acc[0],
           n > 0, m.gn_ws, m.gn_ws_bytes, s);
@@ -368,7 +437,7 @@ struct LinearNode : Node {
   void backward(Impl& m, cudaStream_t s) override {
     const void* dy = m.T(outs[0]).gdata;
     GemmArgs wa;  // dW = dY^T X, db = column sums of dY
-    wa.a = dy, wa.b = m.T(ins[0]).data, wa.d = G(m, w);
+    wa.a = dy, wa.b = m.T(ins[0]).bdata(), wa.d = G(m, w);
     if (b >= 0) wa.bias_grad = G(m, b);
     run(m, wgrad, wa, s);
     if (!m.T(ins[0]).grad) return;
@@ -388,7 +457,7 @@ struct SiluNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     Tensor& x = m.T(ins[0]);
-    silu_backward(x.dtype, x.gdata, m.T(outs[0]).gdata, x.data, x.numel(), acc[0], s);
+    silu_backward(x.dtype, x.gdata, m.T(outs[0]).gdata, x.bdata(), x.numel(), acc[0], s);
   }
 };
 
@@ -451,17 +520,18 @@ struct AttentionNode : Node {
   AttentionDesc desc;
   bool fused = true;
   void forward(Impl& m, cudaStream_t s) override {
-    plan->forward(*m.ctx, s, io(m), RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+    plan->forward(*m.ctx, s, io(m, false), RngArgs{}, m.attn_ws, m.attn_ws_bytes);
   }
-  AttentionIO io(Impl& m) const {
+  AttentionIO io(Impl& m, bool backward) const {
     const AttentionDesc& d = plan->desc();
+    auto data = [&m, backward](int t) { return backward ? m.T(t).bdata() : m.T(t).data; };
     AttentionIO a;
-    a.o = m.T(outs[0]).data, a.stats = static_cast<float*>(m.T(outs[1]).data);
+    a.o = data(outs[0]), a.stats = static_cast<float*>(m.T(outs[1]).data);
     if (fused) {
-      char* qkv = static_cast<char*>(m.T(ins[0]).data);
+      char* qkv = static_cast<char*>(data(ins[0]));
       a.q = qkv, a.k = qkv + d.k_offset() * 2, a.v = qkv + d.v_offset() * 2;
     } else {
-      a.q = m.T(ins[0]).data, a.k = m.T(ins[1]).data, a.v = m.T(ins[2]).data;
+      a.q = data(ins[0]), a.k = data(ins[1]), a.v = data(ins[2]);
     }
     return a;
   }
@@ -477,7 +547,7 @@ struct AttentionNode : Node {
     } else {
       g.dq = m.T(ins[0]).gdata, g.dk = m.T(ins[1]).gdata, g.dv = m.T(ins[2]).gdata;
     }
-    plan->backward(*m.ctx, s, io(m), g, RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+    plan->backward(*m.ctx, s, io(m, true), g, RngArgs{}, m.attn_ws, m.attn_ws_bytes);
   }
   double flops() const override {
     const AttentionDesc& d = desc;
@@ -495,8 +565,13 @@ struct GegluNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     REPLAY_REQUIRE(!acc[0], name + ": the GEGLU projection is read once");
-    geglu_backward(m.config.dtype, m.T(ins[0]).gdata, m.T(outs[0]).gdata, m.T(ins[0]).data, rows, f,
-                   s);
+    geglu_backward(m.config.dtype, m.T(ins[0]).gdata, m.T(outs[0]).gdata, m.T(ins[0]).bdata(), rows,
+                   f, s);
+  }
+  // The same kernel on the same projection: the same output, bit for bit.
+  bool recomputable() const override { return true; }
+  void recompute(Impl& m, cudaStream_t s) override {
+    geglu_forward(m.config.dtype, m.T(outs[0]).rdata, m.T(ins[0]).data, rows, f, s);
   }
 };
 
@@ -534,8 +609,8 @@ struct LossNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     Tensor& p = m.T(ins[0]);
-    mse_loss_backward(m.config.dtype, p.gdata, p.data, static_cast<const float*>(m.T(ins[1]).data),
-                      m.io.loss_scale, shape, s);
+    mse_loss_backward(m.config.dtype, p.gdata, p.bdata(),
+                      static_cast<const float*>(m.T(ins[1]).data), m.io.loss_scale, shape, s);
     if (m.overflow_at >= 0) poison_at(m.config.dtype, p.gdata, m.iteration, m.overflow_at, s);
   }
 };
@@ -731,6 +806,7 @@ struct Builder {
     const int ff = m.tensor(b + ".ff.geglu", dt, rows, 4 * C, true);
     auto* gg = node<GegluNode>(b + ".ff.geglu", {proj}, {ff});
     gg->bwd_reads = {proj};
+    m.T(proj).grad_in_place = true;  // d(proj) over proj: geglu_backward reads before it writes
     gg->rows = rows, gg->f = static_cast<int>(4 * C);
     a = linear(b + ".ff.net.2", ff, 4 * C, C, true);
     h = sum(b + ".ff.residual", h, a);
@@ -743,6 +819,7 @@ struct Builder {
 
 void UnetModel::Impl::add_node(std::unique_ptr<Node> n) {
   n->block = block;
+  n->index = static_cast<int>(nodes.size());
   const int id = static_cast<int>(nodes.size());
   for (int o : n->outs) {
     REPLAY_REQUIRE(T(o).producer < 0, "tensor " + T(o).name + " written twice");
@@ -860,6 +937,14 @@ void UnetModel::Impl::build() {
 
 // Lifetimes and the write-or-add decision of every gradient, from the node list.
 void UnetModel::Impl::finish() {
+  for (auto& n : nodes) {
+    const bool norm = dynamic_cast<const GroupNormNode*>(n.get()) != nullptr;
+    const bool geglu = dynamic_cast<const GegluNode*>(n.get()) != nullptr;
+    if ((norm && config.recompute_norms) || (geglu && config.recompute_geglu)) {
+      REPLAY_REQUIRE(n->recomputable(), n->name + ": cannot be recomputed");
+      T(n->outs[0]).recompute = true;
+    }
+  }
   for (Tensor& t : tensors) {
     if (t.external) continue;
     REPLAY_REQUIRE(t.producer >= 0, "tensor " + t.name + " has no producer");
@@ -875,7 +960,13 @@ void UnetModel::Impl::finish() {
     }
     for (int i : n.bwd_reads) {
       Tensor& t = T(i);
-      if (!t.external) t.end = std::max(t.end, bwd_phase(node));
+      if (t.external) continue;
+      if (t.recompute) {
+        t.rbegin = std::min(t.rbegin, bwd_phase(node));
+        t.rend = std::max(t.rend, bwd_phase(node));
+      } else {
+        t.end = std::max(t.end, bwd_phase(node));
+      }
     }
     for (int o : n.outs) {
       Tensor& t = T(o);
@@ -893,6 +984,34 @@ void UnetModel::Impl::finish() {
       written[static_cast<size_t>(i)] = true;
       t.gbegin = std::min(t.gbegin, bwd_phase(node));
     }
+  }
+  // A gradient written in place over its data: the last read of the data and the first write of
+  // the gradient are the same node's backward, and one buffer lives from the forward that writes
+  // the data to the backward that reads the gradient last.
+  for (Tensor& t : tensors) {
+    if (!t.grad_in_place) continue;
+    REPLAY_REQUIRE(t.grad && !t.recompute && !t.external && t.gbegin == t.end && t.gbegin <= t.gend,
+                   t.name + ": the gradient cannot be written in place of the data");
+    t.end = t.gend;
+  }
+  // Each recomputed tensor is filled again just before its first reader's backward (in backward
+  // order), from its producer's inputs, which must still be live then.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Tensor& t = tensors[i];
+    if (!t.recompute) continue;
+    if (t.rbegin > t.rend) {  // nothing in the backward reads it
+      t.recompute = false;
+      continue;
+    }
+    nodes[static_cast<size_t>(2 * node_count() - t.rbegin)]->recomputes.push_back(
+        static_cast<int>(i));
+    const Node& p = *nodes[static_cast<size_t>(t.producer)];
+    for (int in : p.ins) {
+      REPLAY_REQUIRE(!T(in).recompute, t.name + ": recomputed from a recomputed tensor");
+      if (!T(in).external) T(in).end = std::max(T(in).end, t.rbegin);
+    }
+    if (const auto* g = dynamic_cast<const GroupNormNode*>(&p))
+      rstats_elements = std::max(rstats_elements, 2 * g->shape.batch * g->shape.groups);
   }
   flops = 0;
   for (const auto& n : nodes) flops += n->flops();
@@ -982,6 +1101,10 @@ void UnetModel::time_ops(const std::string& path) {
   // One step's events: a start per region, one per node forward and one per node backward.
   const size_t pool = 2 * m.nodes.size() + 2 * m.blocks.size() + 8;
   m.timer = std::make_unique<OpTimer>(path, pool);
+}
+
+void UnetModel::poison_dead_buffers() {
+  impl_->poison = true;
 }
 
 void UnetModel::write_op_times() {
@@ -1142,8 +1265,9 @@ UnetStructure unet_structure(const UnetConfig& config) {
   for (size_t k = 0; k < m.nodes.size(); ++k)
     if (const auto* c = dynamic_cast<const ConvNode*>(m.nodes[k].get())) {
       const Tensor& x = m.T(c->ins[0]);
-      if (!x.external && x.end < m.bwd_phase(static_cast<int>(k)))
-        s.conv_inputs_dead_at_backward += 1;
+      const int bwd = m.bwd_phase(static_cast<int>(k));
+      const bool saved = x.recompute ? x.rbegin <= bwd && bwd <= x.rend : x.end >= bwd;
+      if (!x.external && !saved) s.conv_inputs_dead_at_backward += 1;
     }
   const std::vector<ArenaPlan::Entry>& es = plan.entries();
   for (size_t i = 0; i < es.size(); ++i)
@@ -1184,9 +1308,11 @@ void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
   for (Tensor& t : m.tensors) {
     const Lifetime life = t.external ? Lifetime{} : Lifetime{t.begin, t.end};
     t.id = plan.add("unet." + t.name, t.dtype, t.numel(), "activations", life);
-    if (t.grad && t.gbegin <= t.gend)
+    if (t.grad && t.gbegin <= t.gend && !t.grad_in_place)
       t.gid =
           plan.add("unet.d." + t.name, t.dtype, t.numel(), "activation grads", {t.gbegin, t.gend});
+    if (t.recompute)
+      t.rid = plan.add("unet.r." + t.name, t.dtype, t.numel(), "recomputed", {t.rbegin, t.rend});
   }
   const Lifetime step{1, m.optimizer_phase() - 1};
   auto ws = [&](const char* name, size_t bytes) {
@@ -1201,6 +1327,7 @@ void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
   m.loss_ws_id = ws("loss_workspace", m.loss_ws_bytes);
   m.scratch_id = ws("grad_scratch", static_cast<size_t>(m.scratch_elements) * 2);
   m.dw16_id = ws("dw16_scratch", static_cast<size_t>(m.dw16_elements) * 2);
+  m.rstats_id = ws("recompute_stats", static_cast<size_t>(m.rstats_elements) * 4);
   m.table_id = plan.add("unet.schedule", kScheduleTableBytes, "constants");
 }
 
@@ -1210,7 +1337,10 @@ void UnetModel::bind(const Arena& arena) {
   for (Tensor& t : m.tensors) {
     t.data = arena.data(t.id);
     if (t.gid >= 0) t.gdata = arena.data(t.gid);
+    if (t.grad_in_place) t.gdata = t.data;
+    if (t.rid >= 0) t.rdata = arena.data(t.rid);
   }
+  m.rstats = arena.as<float>(m.rstats_id);
   m.gemm_ws = arena.data(m.gemm_ws_id);
   m.conv_ws = arena.data(m.conv_ws_id);
   m.attn_ws = arena.data(m.attn_ws_id);
@@ -1289,7 +1419,21 @@ std::vector<graphs::Region> UnetModel::regions() {
       Node* n = *it;
       for (int o : n->outs)
         if (m.T(o).gdata) a.add("d." + m.T(o).name, m.T(o).gview(), graphs::Access::kRead);
-      for (int i : n->bwd_reads) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
+      for (int t : n->recomputes) {  // the producer's forward again, into the second buffer
+        const Node& p = *m.nodes[static_cast<size_t>(m.T(t).producer)];
+        for (int i : p.ins) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
+        if (p.p_first >= 0)
+          a.add("w." + p.name, m.params.weight_range(p.p_first, p.p_last), graphs::Access::kRead);
+        a.add("r." + m.T(t).name, m.T(t).rview(), graphs::Access::kWrite);
+      }
+      for (int i : n->bwd_reads) {
+        const Tensor& t = m.T(i);
+        if (t.recompute) {
+          a.add("r." + t.name, t.rview(), graphs::Access::kRead);
+        } else {
+          a.add(t.name, t.view(), graphs::Access::kRead);
+        }
+      }
       for (size_t j = 0; j < n->ins.size(); ++j) {
         const Tensor& t = m.T(n->ins[j]);
         if (t.gdata)
@@ -1318,6 +1462,7 @@ std::vector<graphs::Region> UnetModel::regions() {
       for (Node* n : nodes) {
         n->forward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
     };
     r.args = [fwd_args, nodes] { return fwd_args(nodes).build(); };
@@ -1332,10 +1477,13 @@ std::vector<graphs::Region> UnetModel::regions() {
       for (Node* n : nodes) {
         n->forward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        m.recompute_for(**it, s);
         (*it)->backward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };
     r.args = [&m, fwd_args, bwd_args, nodes] {
@@ -1355,8 +1503,10 @@ std::vector<graphs::Region> UnetModel::regions() {
     r.enqueue = [&m, nodes](cudaStream_t s, const graphs::RegionArgs&) {
       if (m.timer) m.timer->mark(OpTimer::kBoundary, s);
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        m.recompute_for(**it, s);
         (*it)->backward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };
     r.args = [bwd_args, nodes] { return bwd_args(nodes, ArgSet{}).build(); };
