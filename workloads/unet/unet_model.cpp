@@ -201,11 +201,10 @@ struct UnetModel::Impl {
   int64_t scratch_elements = 0, dw16_elements = 0, rstats_elements = 0;
   BufferId rstats_id = -1;  // a recomputed norm's mean and rstd (equal to the saved ones)
   float* rstats = nullptr;
-  BufferId gemm_ws_id = -1, conv_ws_id = -1, attn_ws_id = -1, gn_ws_id = -1, bias_ws_id = -1,
-           cbias_ws_id = -1, loss_ws_id = -1, scratch_id = -1, dw16_id = -1, table_id = -1;
-  void *gemm_ws = nullptr, *conv_ws = nullptr, *attn_ws = nullptr, *gn_ws = nullptr,
-       *bias_ws = nullptr, *cbias_ws = nullptr, *loss_ws = nullptr, *scratch = nullptr,
-       *dw16 = nullptr;
+  BufferId gemm_ws_id = -1, conv_ws_id = -1, gn_ws_id = -1, bias_ws_id = -1, cbias_ws_id = -1,
+           loss_ws_id = -1, scratch_id = -1, dw16_id = -1, table_id = -1;
+  void *gemm_ws = nullptr, *conv_ws = nullptr, *gn_ws = nullptr, *bias_ws = nullptr,
+       *cbias_ws = nullptr, *loss_ws = nullptr, *scratch = nullptr, *dw16 = nullptr;
   float* table = nullptr;
   void* host = nullptr;                     // the training split, pinned: moments then text
   std::unique_ptr<LatentStream> stream;     // UnetData::stream: the batches read ahead instead
@@ -338,6 +337,12 @@ void pass_grad(Impl& m, const Node& n, size_t i, const void* dy, cudaStream_t s)
     REPLAY_CUDA_CHECK(cudaMemcpyAsync(t.gdata, dy, static_cast<size_t>(t.numel()) * 2,
                                       cudaMemcpyDeviceToDevice, s));
   }
+}
+
+// The deterministic attention backward's workspace, about B x heads x Sq x Skv x 2 bytes (5122.5
+// MiB measured for SD2's largest at 32 images against 5120 estimated).
+size_t attention_backward_workspace_estimate(const AttentionDesc& d) {
+  return static_cast<size_t>(d.batch * d.heads_q * d.seq_q * d.kv_len() * 2);
 }
 
 struct ConvNode : Node {
@@ -519,8 +524,15 @@ struct AttentionNode : Node {
   const AttentionPlan* plan = nullptr;
   AttentionDesc desc;
   bool fused = true;
+  // Each call's own workspace, live only during that call (the deterministic backward's is about
+  // B x heads x Sq x Skv x 2 bytes: 10 GiB for SD2's 4096-token self-attention at 64 images), so
+  // the arena gives it memory other buffers use the rest of the step. Sizes from the plan; on the
+  // CPU (no plan) the backward's estimated, the forward's 0.
+  size_t ws_fwd_bytes = 0, ws_bwd_bytes = 0;
+  BufferId ws_fwd_id = -1, ws_bwd_id = -1;
+  void *ws_fwd = nullptr, *ws_bwd = nullptr;
   void forward(Impl& m, cudaStream_t s) override {
-    plan->forward(*m.ctx, s, io(m, false), RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+    plan->forward(*m.ctx, s, io(m, false), RngArgs{}, ws_fwd, ws_fwd_bytes);
   }
   AttentionIO io(Impl& m, bool backward) const {
     const AttentionDesc& d = plan->desc();
@@ -547,7 +559,7 @@ struct AttentionNode : Node {
     } else {
       g.dq = m.T(ins[0]).gdata, g.dk = m.T(ins[1]).gdata, g.dv = m.T(ins[2]).gdata;
     }
-    plan->backward(*m.ctx, s, io(m, true), g, RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+    plan->backward(*m.ctx, s, io(m, true), g, RngArgs{}, ws_bwd, ws_bwd_bytes);
   }
   double flops() const override {
     const AttentionDesc& d = desc;
@@ -777,7 +789,13 @@ struct Builder {
     n->fused = fused;
     d.validate();
     n->desc = d;
-    if (m.ctx) n->plan = &m.attention.get(*m.ctx, d);
+    if (m.ctx) {
+      n->plan = &m.attention.get(*m.ctx, d);
+      n->ws_fwd_bytes = n->plan->forward_workspace_bytes();
+      n->ws_bwd_bytes = n->plan->backward_workspace_bytes();
+    } else {
+      n->ws_bwd_bytes = attention_backward_workspace_estimate(d);
+    }
     return o;
   }
 
@@ -1279,22 +1297,23 @@ UnetStructure unet_structure(const UnetConfig& config) {
     if (const auto* a = dynamic_cast<const AttentionNode*>(n.get())) {
       const AttentionDesc& d = a->desc;
       s.attention_workspace_bytes =
-          std::max(s.attention_workspace_bytes,
-                   static_cast<size_t>(d.batch * d.heads_q * d.seq_q * d.kv_len() * 2));
+          std::max(s.attention_workspace_bytes, attention_backward_workspace_estimate(d));
     }
   return s;
 }
 
 std::string UnetModel::plan_summary() const {
   char buf[200];
-  std::snprintf(buf, sizeof(buf),
-                "%zu convolution plans, %zu GEMM plans, %zu attention plans; workspaces: conv "
-                "%.1f MiB, GEMM %.1f MiB, attention %.1f MiB, GroupNorm %.1f MiB",
-                impl_->convs.size(), impl_->gemms->size(), impl_->attention.size(),
-                static_cast<double>(impl_->conv_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->gemm_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->attn_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->gn_ws_bytes) / 1048576.0);
+  std::snprintf(
+      buf, sizeof(buf),
+      "%zu convolution plans, %zu GEMM plans, %zu attention plans; workspaces: conv "
+      "%.1f MiB, GEMM %.1f MiB, attention %.1f MiB (the largest; one per call), GroupNorm "
+      "%.1f MiB",
+      impl_->convs.size(), impl_->gemms->size(), impl_->attention.size(),
+      static_cast<double>(impl_->conv_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->gemm_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->attn_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->gn_ws_bytes) / 1048576.0);
   return buf;
 }
 
@@ -1320,7 +1339,16 @@ void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
   };
   m.gemm_ws_id = ws("gemm_workspace", m.gemm_ws_bytes);
   m.conv_ws_id = ws("conv_workspace", m.conv_ws_bytes);
-  m.attn_ws_id = ws("attention_workspace", m.attn_ws_bytes);
+  for (auto& n : m.nodes)
+    if (auto* a = dynamic_cast<AttentionNode*>(n.get())) {
+      const int k = a->index;
+      a->ws_fwd_id = plan.add("unet.attention_workspace." + a->name + ".fwd",
+                              std::max<size_t>(a->ws_fwd_bytes, 256), "workspaces",
+                              {m.fwd_phase(k), m.fwd_phase(k)});
+      a->ws_bwd_id = plan.add("unet.attention_workspace." + a->name + ".bwd",
+                              std::max<size_t>(a->ws_bwd_bytes, 256), "workspaces",
+                              {m.bwd_phase(k), m.bwd_phase(k)});
+    }
   m.gn_ws_id = ws("group_norm_workspace", m.gn_ws_bytes);
   m.bias_ws_id = ws("bias_grad_workspace", m.bias_ws_bytes);
   m.cbias_ws_id = ws("temb_grad_workspace", m.cbias_ws_bytes);
@@ -1343,7 +1371,11 @@ void UnetModel::bind(const Arena& arena) {
   m.rstats = arena.as<float>(m.rstats_id);
   m.gemm_ws = arena.data(m.gemm_ws_id);
   m.conv_ws = arena.data(m.conv_ws_id);
-  m.attn_ws = arena.data(m.attn_ws_id);
+  for (auto& n : m.nodes)
+    if (auto* a = dynamic_cast<AttentionNode*>(n.get())) {
+      a->ws_fwd = arena.data(a->ws_fwd_id);
+      a->ws_bwd = arena.data(a->ws_bwd_id);
+    }
   m.gn_ws = arena.data(m.gn_ws_id);
   m.bias_ws = arena.data(m.bias_ws_id);
   m.cbias_ws = arena.data(m.cbias_ws_id);
@@ -1353,7 +1385,6 @@ void UnetModel::bind(const Arena& arena) {
   m.table = arena.as<float>(m.table_id);
   m.gemm_ws_bytes = arena.bytes(m.gemm_ws_id);
   m.conv_ws_bytes = arena.bytes(m.conv_ws_id);
-  m.attn_ws_bytes = arena.bytes(m.attn_ws_id);
   m.gn_ws_bytes = arena.bytes(m.gn_ws_id);
   m.bias_ws_bytes = arena.bytes(m.bias_ws_id);
   m.cbias_ws_bytes = arena.bytes(m.cbias_ws_id);

@@ -100,9 +100,11 @@ struct UnetStructure {
   std::vector<int64_t> parameter_sizes;          // elements, same order
   std::vector<train::ParamInit> parameter_init;  // same order
   std::vector<int> nodes_per_class;  // nodes of each OpClass (--op-times), in OpClass order
-  // The arena the model plans, its buffers at their lifetimes, without the library workspaces
-  // (cuDNN, cuBLASLt: known once plans are built on a GPU), and the largest of those: the
-  // deterministic attention backward's, about B x heads x Sq x Skv x 2 bytes.
+  // The arena the model plans, its buffers at their lifetimes, with each attention call's
+  // workspace estimated (the deterministic backward's: about B x heads x Sq x Skv x 2 bytes; the
+  // forward's taken as 0) and without the other library workspaces (cuDNN's convolutions,
+  // cuBLASLt: known once plans are built on a GPU, about 50 MiB); and the largest attention
+  // workspace.
   size_t arena_bytes = 0;
   size_t attention_workspace_bytes = 0;
   // Where the arena goes: the table by group and the largest buffers, the phase at which the most
