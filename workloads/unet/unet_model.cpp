@@ -1303,7 +1303,7 @@ UnetStructure unet_structure(const UnetConfig& config) {
 }
 
 std::string UnetModel::plan_summary() const {
-  char buf[200];
+  char buf[320];
   std::snprintf(
       buf, sizeof(buf),
       "%zu convolution plans, %zu GEMM plans, %zu attention plans; workspaces: conv "
