@@ -531,6 +531,10 @@ struct AttentionNode : Node {
   size_t ws_fwd_bytes = 0, ws_bwd_bytes = 0;
   BufferId ws_fwd_id = -1, ws_bwd_id = -1;
   void *ws_fwd = nullptr, *ws_bwd = nullptr;
+  TensorView workspace_view(bool backward) const {
+    return backward ? TensorView(ws_bwd, DType::kUINT8, {static_cast<int64_t>(ws_bwd_bytes)})
+                    : TensorView(ws_fwd, DType::kUINT8, {static_cast<int64_t>(ws_fwd_bytes)});
+  }
   void forward(Impl& m, cudaStream_t s) override {
     plan->forward(*m.ctx, s, io(m, false), RngArgs{}, ws_fwd, ws_fwd_bytes);
   }
@@ -1375,6 +1379,8 @@ void UnetModel::bind(const Arena& arena) {
     if (auto* a = dynamic_cast<AttentionNode*>(n.get())) {
       a->ws_fwd = arena.data(a->ws_fwd_id);
       a->ws_bwd = arena.data(a->ws_bwd_id);
+      a->ws_fwd_bytes = arena.bytes(a->ws_fwd_id);
+      a->ws_bwd_bytes = arena.bytes(a->ws_bwd_id);
     }
   m.gn_ws = arena.data(m.gn_ws_id);
   m.bias_ws = arena.data(m.bias_ws_id);
@@ -1440,6 +1446,10 @@ std::vector<graphs::Region> UnetModel::regions() {
     for (Node* n : nodes) {
       for (int i : n->ins) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
       for (int o : n->outs) a.add(m.T(o).name, m.T(o).view(), graphs::Access::kWrite);
+      // An attention call's workspace shares memory with buffers not live during the call: a
+      // write the region must list (verify-graphs restores what the eager run wrote).
+      if (const auto* at = dynamic_cast<const AttentionNode*>(n))
+        a.add("ws." + n->name + ".fwd", at->workspace_view(false), graphs::Access::kWrite);
       if (n->p_first >= 0)
         a.add("w." + n->name, m.params.weight_range(n->p_first, n->p_last), graphs::Access::kRead);
     }
@@ -1450,6 +1460,8 @@ std::vector<graphs::Region> UnetModel::regions() {
       Node* n = *it;
       for (int o : n->outs)
         if (m.T(o).gdata) a.add("d." + m.T(o).name, m.T(o).gview(), graphs::Access::kRead);
+      if (const auto* at = dynamic_cast<const AttentionNode*>(n))
+        a.add("ws." + n->name + ".bwd", at->workspace_view(true), graphs::Access::kWrite);
       for (int t : n->recomputes) {  // the producer's forward again, into the second buffer
         const Node& p = *m.nodes[static_cast<size_t>(m.T(t).producer)];
         for (int i : p.ins) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
