@@ -116,7 +116,9 @@ TEST(TpLayout, EachSliceKeepsTheWholeTensorsOrder) {
                                 ? c.rank_spec.shape.back()
                                 : numel(c.rank_spec.shape) / c.rank_spec.shape.front();
         for (size_t i = 1; i < slice.size(); ++i) {
-          if (i % static_cast<size_t>(run) != 0) ASSERT_EQ(slice[i], slice[i - 1] + 1.0f) << i;
+          if (i % static_cast<size_t>(run) != 0) {
+            ASSERT_EQ(slice[i], slice[i - 1] + 1.0f) << i;
+          }
         }
       }
     }
