@@ -38,17 +38,6 @@ struct HostState {
   int64_t data_position = 0;
 };
 
-// One tensor of the file and where its bytes live: device memory or a field of HostState. A
-// tensor of a distributed optimizer's state (shard >= 0) starts at flat element `flat` of the
-// parameters' layout; this rank holds flat elements [shard, shard + share) of its bucket at
-// `device` (share element share_at on): a load keeps the part that falls there.
-struct Item {
-  TensorEntry entry;
-  void* device = nullptr;
-  void* host = nullptr;
-  int64_t flat = 0, shard = -1, share = 0, share_at = 0;
-};
-
 TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
   TensorEntry e;
   e.name = std::move(name);
@@ -57,16 +46,55 @@ TensorEntry entry(std::string name, DType dtype, std::vector<int64_t> shape) {
   return e;
 }
 
-// The file's tensors in order, pointing into the trainer's buffers and `host`. The optimizer's
-// state of a distributed optimizer comes from `gathered` when given (a save), else from the share
-// (a load).
-std::vector<Item> items(const Trainer& trainer, HostState* host,
-                        const OptimizerStateHost* gathered = nullptr) {
+// This process's place in its tensor-parallel group (one process: rank 0 of 1).
+struct TpPlace {
+  int rank = 0, size = 1;
+};
+TpPlace tp_place(const Trainer& trainer) {
+  const comm::Communicator* c = trainer.options().tensor_parallel;
+  return c == nullptr ? TpPlace{} : TpPlace{c->rank(), c->size()};
+}
+
+// Bytes of this rank's slice of `t`.
+size_t slice_bytes(const CheckpointTensor& t, int tp) {
+  return static_cast<size_t>(tp_slice_numel(t.entry.shape, t.layout, tp)) *
+         dtype_size(t.entry.dtype);
+}
+
+// The file's tensors in order, whole, each with its layout and the copies of this rank's slice
+// between host memory and the trainer's buffers (device memory, or a field of `host`). The
+// optimizer's state of a distributed optimizer comes from `gathered` when given (a save); a load
+// keeps the part of each tensor that falls in this rank's share.
+std::vector<CheckpointTensor> items(const Trainer& trainer, HostState* host,
+                                    const OptimizerStateHost* gathered = nullptr) {
   const Model& model = trainer.model();
   const ParamStore& ps = model.params();
-  std::vector<Item> out;
+  const int tp = tp_place(trainer).size;
+  check_tensor_parallel_params(ps, tp);
+  std::vector<CheckpointTensor> out;
+  // Device memory, the slice whole at `device`.
+  auto on_device = [&out, tp](TensorEntry e, TpLayout layout, void* device) {
+    CheckpointTensor t{std::move(e), std::move(layout), {}, {}};
+    const size_t bytes = slice_bytes(t, tp);
+    t.fetch = [device, bytes](void* slice) {
+      REPLAY_CUDA_CHECK(cudaMemcpy(slice, device, bytes, cudaMemcpyDeviceToHost));
+    };
+    t.store = [device, bytes](const void* slice) {
+      REPLAY_CUDA_CHECK(cudaMemcpy(device, slice, bytes, cudaMemcpyHostToDevice));
+    };
+    out.push_back(std::move(t));
+  };
+  // Host memory (replicated: the group's rank 0 saves its own).
+  auto on_host = [&out](TensorEntry e, void* at) {
+    CheckpointTensor t{std::move(e), {}, {}, {}};
+    const size_t bytes = t.entry.bytes();
+    t.fetch = [at, bytes](void* slice) { std::memcpy(slice, at, bytes); };
+    t.store = [at, bytes](const void* slice) { std::memcpy(at, slice, bytes); };
+    out.push_back(std::move(t));
+  };
   for (ParamId id = 0; id < ps.count(); ++id)
-    out.push_back({entry(ps.spec(id).name, ps.weight_dtype(), ps.spec(id).shape), ps.weight(id)});
+    on_device(entry(ps.spec(id).name, ps.weight_dtype(), tp_whole_shape(ps.spec(id), tp)),
+              tp_layout(ps.spec(id), tp), ps.weight(id));
   const struct {
     const char* prefix;
     float* base;
@@ -80,47 +108,103 @@ std::vector<Item> items(const Trainer& trainer, HostState* host,
   const bool sharded = ps.shard_count() > 1;
   for (const auto& kind : fp32)
     for (ParamId id = 0; id < ps.count(); ++id) {
-      Item i{entry(kind.prefix + ps.spec(id).name, DType::kFP32, ps.spec(id).shape)};
+      TensorEntry e =
+          entry(kind.prefix + ps.spec(id).name, DType::kFP32, tp_whole_shape(ps.spec(id), tp));
+      TpLayout layout = tp_layout(ps.spec(id), tp);
       if (!sharded) {
-        i.device = kind.base + ps.offset(id);
-      } else if (kind.whole != nullptr) {
+        on_device(std::move(e), std::move(layout), kind.base + ps.offset(id));
+        continue;
+      }
+      // A distributed optimizer: the tensor's elements are flat elements [flat, flat + n); this
+      // rank's share of their bucket starts at flat element part.begin, share element
+      // part.share_begin.
+      const int64_t flat = ps.offset(id), n = ps.numel(id);
+      CheckpointTensor t{std::move(e), std::move(layout), {}, {}};
+      REPLAY_REQUIRE(static_cast<int64_t>(slice_bytes(t, tp)) == n * 4,
+                     "checkpoint: " + t.entry.name + "'s slice is not the parameter");
+      if (kind.whole != nullptr) {
         REPLAY_REQUIRE(static_cast<int64_t>(kind.whole->size()) == ps.buffer_numel(),
                        "checkpoint: the gathered optimizer state is not whole");
-        i.host = const_cast<float*>(kind.whole->data()) + ps.offset(id);
-      } else {
-        const ParamStore::Bucket part = ps.share_part(ps.offset(id));
-        i.device = kind.base;
-        i.flat = ps.offset(id);
-        i.shard = part.begin;
-        i.share = part.length;
-        i.share_at = part.share_begin;
+        const float* from = kind.whole->data() + flat;
+        t.fetch = [from, n](void* slice) {
+          std::memcpy(slice, from, static_cast<size_t>(n) * sizeof(float));
+        };
       }
-      out.push_back(std::move(i));
+      const ParamStore::Bucket part = ps.share_part(flat);
+      float* base = kind.base;
+      t.store = [base, part, flat, n](const void* slice) {
+        const int64_t lo = std::max(flat, part.begin),
+                      hi = std::min(flat + n, part.begin + part.length);
+        if (lo < hi)
+          REPLAY_CUDA_CHECK(cudaMemcpy(base + part.share_begin + (lo - part.begin),
+                                       static_cast<const float*>(slice) + (lo - flat),
+                                       static_cast<size_t>(hi - lo) * sizeof(float),
+                                       cudaMemcpyHostToDevice));
+      };
+      out.push_back(std::move(t));
     }
 
   StepScalars& s = host->scalars;
-  out.push_back({entry("train.step", DType::kINT64, {}), nullptr, &s.step});
-  out.push_back({entry("train.iteration", DType::kINT64, {}), nullptr, &s.iteration});
-  out.push_back({entry("train.loss_scale", DType::kFP32, {}), nullptr, &s.loss_scale});
-  out.push_back({entry("train.growth_tracker", DType::kINT32, {}), nullptr, &s.growth_tracker});
-  out.push_back({entry("train.hysteresis_left", DType::kINT32, {}), nullptr, &s.hysteresis_left});
-  out.push_back({entry("train.lr", DType::kFP32, {}), nullptr, &s.lr});
-  out.push_back({entry("train.loss", DType::kFP32, {}), nullptr, &s.loss});
+  on_host(entry("train.step", DType::kINT64, {}), &s.step);
+  on_host(entry("train.iteration", DType::kINT64, {}), &s.iteration);
+  on_host(entry("train.loss_scale", DType::kFP32, {}), &s.loss_scale);
+  on_host(entry("train.growth_tracker", DType::kINT32, {}), &s.growth_tracker);
+  on_host(entry("train.hysteresis_left", DType::kINT32, {}), &s.hysteresis_left);
+  on_host(entry("train.lr", DType::kFP32, {}), &s.lr);
+  on_host(entry("train.loss", DType::kFP32, {}), &s.loss);
 
   const graphs::RngTracker& rng = trainer.rng();
   host->slots.resize(static_cast<size_t>(rng.stream_count()));
   static_assert(sizeof(PhiloxSlot) == 2 * sizeof(int64_t), "a slot is two 64-bit words");
   for (int i = 0; i < rng.stream_count(); ++i)
-    out.push_back({entry("rng." + rng.stream_name(i), DType::kINT64, {2}), nullptr,
-                   &host->slots[static_cast<size_t>(i)]});
-  out.push_back({entry("data.position", DType::kINT64, {}), nullptr, &host->data_position});
+    on_host(entry("rng." + rng.stream_name(i), DType::kINT64, {2}),
+            &host->slots[static_cast<size_t>(i)]);
+  on_host(entry("data.position", DType::kINT64, {}), &host->data_position);
 
   for (const Model::NamedTensor& t : model.checkpoint_state()) {
     REPLAY_REQUIRE(t.view.is_contiguous(), "checkpoint state '" + t.name + "' is not contiguous");
     std::vector<int64_t> shape(t.view.shape.begin(), t.view.shape.begin() + t.view.ndim);
-    out.push_back({entry("state." + t.name, t.view.dtype, shape), t.view.data});
+    on_device(entry("state." + t.name, t.view.dtype, shape), {}, t.view.data);
   }
   return out;
+}
+
+// The split tensors' layouts as the metadata's JSON object.
+std::string layout_metadata(const std::vector<CheckpointTensor>& tensors) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const CheckpointTensor& t : tensors)
+    if (t.layout.split != TpSplit::kNone && t.entry.name.rfind("optimizer.", 0) != 0)
+      j[t.entry.name] = tp_layout_string(t.layout);
+  return j.dump();
+}
+
+// The file's layouts by tensor name (the optimizer's tensors under their parameter's name).
+std::unordered_map<std::string, TpLayout> file_layouts(const safetensors::Reader& r) {
+  std::unordered_map<std::string, TpLayout> out;
+  const std::string text = r.meta(kTpLayoutKey);
+  if (text.empty()) return out;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+    for (const auto& [name, layout] : j.items())
+      out[name] = parse_tp_layout(layout.get<std::string>());
+  } catch (const std::exception& e) {
+    usage("--load: " + r.path() + "'s metadata '" + kTpLayoutKey + "' is not a layout table (" +
+          e.what() + ")");
+  }
+  return out;
+}
+
+// The parameter a file tensor belongs to: "optimizer.master.x" -> "x".
+std::string param_name(const std::string& name) {
+  for (const char* p : {"optimizer.master.", "optimizer.exp_avg_sq.", "optimizer.exp_avg."})
+    if (name.rfind(p, 0) == 0) return name.substr(std::strlen(p));
+  return name;
+}
+
+const HostGroup& alone() {
+  static const HostGroup group;
+  return group;
 }
 
 bool is_step_file(const std::string& name, int64_t* iteration) {
@@ -233,8 +317,151 @@ uint64_t checkpoint_seed(const std::string& path) {
 std::vector<TensorEntry> checkpoint_tensors(const Trainer& trainer) {
   HostState host;
   std::vector<TensorEntry> out;
-  for (Item& i : items(trainer, &host)) out.push_back(std::move(i.entry));
+  for (CheckpointTensor& t : items(trainer, &host)) out.push_back(std::move(t.entry));
   return out;
+}
+
+int checkpoint_tp(const safetensors::Reader& r) {
+  const std::string tp = r.meta(kTpDegreeKey);
+  if (tp.empty()) return 1;
+  if (tp.size() > 6 || tp.find_first_not_of("0123456789") != std::string::npos || std::stoi(tp) < 1)
+    usage("--load: " + r.path() + "'s metadata '" + kTpDegreeKey + "' is '" + tp +
+          "', not a tensor-parallel degree");
+  return std::stoi(tp);
+}
+
+void check_tensor_parallel(const safetensors::Reader& r, int tp) {
+  const int written = checkpoint_tp(r);
+  const auto layouts = file_layouts(r);
+  for (const auto& [name, layout] : layouts)
+    if (r.find(name) == nullptr)
+      usage("--load: " + r.path() + " records the layout of '" + name +
+            "', which it does not hold");
+  for (const TensorEntry& e : r.tensors()) {  // in file order: the first that fails is named
+    const auto it = layouts.find(param_name(e.name));
+    if (it == layouts.end()) continue;
+    const std::string why = tp_divides(e.shape, it->second, tp);
+    if (!why.empty())
+      usage("--load: " + r.path() + " was written at --tp " + std::to_string(written) +
+            "; this run's --tp " + std::to_string(tp) + " cannot split tensor '" + e.name + "' " +
+            safetensors::shape_string(e.shape) + " (" + tp_layout_string(it->second) + "): " + why);
+  }
+}
+
+void check_tensor_parallel_params(const ParamStore& ps, int tp) {
+  if (tp == 1) return;
+  for (ParamId id = 0; id < ps.count(); ++id) {
+    const ParamSpec& s = ps.spec(id);
+    if (!s.tp_replicated && s.tp_split == TpSplit::kNone)
+      usage("--save/--load: parameter '" + s.name +
+            "' differs on every tensor-parallel rank without a TpSplit saying where its slice "
+            "sits, so a checkpoint cannot hold it whole");
+  }
+}
+
+void check_layouts(const safetensors::Reader& r, const std::vector<CheckpointTensor>& tensors) {
+  const auto file = file_layouts(r);
+  if (file.empty()) return;  // an older file: whole tensors, laid out as the model says
+  for (const CheckpointTensor& t : tensors) {
+    const auto it = file.find(param_name(t.entry.name));
+    const TpLayout theirs = it == file.end() ? TpLayout{} : it->second;
+    if (theirs != t.layout)
+      usage("--load: tensor '" + t.entry.name + "' is split as '" + tp_layout_string(theirs) +
+            "' in " + r.path() + ", this run splits it as '" + tp_layout_string(t.layout) + "'");
+  }
+}
+
+uint64_t write_checkpoint_tensors(const std::string& path,
+                                  const std::vector<CheckpointTensor>& tensors,
+                                  safetensors::Metadata meta, const HostGroup* group) {
+  const HostGroup& g = group != nullptr ? *group : alone();
+  const int tp = g.size();
+  const bool root = g.rank() == 0;
+  std::unique_ptr<safetensors::Writer> w;
+  if (root) {
+    meta[kTpDegreeKey] = std::to_string(tp);
+    meta[kTpLayoutKey] = layout_metadata(tensors);
+    std::vector<TensorEntry> entries;
+    for (const CheckpointTensor& t : tensors) entries.push_back(t.entry);
+    w = std::make_unique<safetensors::Writer>(path, std::move(entries), std::move(meta));
+  }
+  // One tensor at a time: this rank's slice, and on rank 0 the whole tensor put together.
+  std::vector<unsigned char> slice, whole;
+  uint64_t bytes = 0;
+  for (const CheckpointTensor& t : tensors) {
+    const bool split = t.layout.split != TpSplit::kNone;
+    if (!root && !split) continue;  // rank 0's own
+    slice.resize(slice_bytes(t, tp));
+    t.fetch(slice.data());
+    if (split && tp > 1) {
+      whole.resize(root ? t.entry.bytes() : 0);
+      tp_gather(g, t.entry.shape, t.layout, slice.data(), whole.data(), dtype_size(t.entry.dtype));
+    }
+    if (!root) continue;
+    const std::vector<unsigned char>& data = split && tp > 1 ? whole : slice;
+    REPLAY_REQUIRE(data.size() == t.entry.bytes(), "checkpoint: " + t.entry.name + " is not whole");
+    w->write(data.data(), data.size());
+    bytes += data.size();
+  }
+  if (root) w->commit();
+  return bytes;
+}
+
+void read_checkpoint_tensors(const safetensors::Reader* reader,
+                             const std::vector<CheckpointTensor>& tensors, const HostGroup* group) {
+  const HostGroup& g = group != nullptr ? *group : alone();
+  const int tp = g.size();
+  const bool root = g.rank() == 0;
+  // The file's order, as indices into `tensors`, from rank 0 to the others.
+  std::vector<int32_t> order(tensors.size());
+  std::unordered_map<std::string, int32_t> index;
+  if (root) {
+    REPLAY_REQUIRE(reader != nullptr, "read_checkpoint_tensors: rank 0 has no file");
+    for (size_t i = 0; i < tensors.size(); ++i)
+      index[tensors[i].entry.name] = static_cast<int32_t>(i);
+    REPLAY_REQUIRE(reader->tensors().size() == tensors.size(),
+                   "read_checkpoint_tensors: " + reader->path() + " holds " +
+                       std::to_string(reader->tensors().size()) + " tensors, " +
+                       std::to_string(tensors.size()) + " expected (check_tensors first)");
+    for (size_t k = 0; k < order.size(); ++k) {
+      const TensorEntry& e = reader->tensors()[k];
+      const auto it = index.find(e.name);
+      REPLAY_REQUIRE(
+          it != index.end() && tensors[static_cast<size_t>(it->second)].entry.shape == e.shape,
+          "read_checkpoint_tensors: tensor '" + e.name + "' not checked");
+      order[k] = it->second;
+    }
+  }
+  g.broadcast(order.data(), order.size() * sizeof(int32_t), 0);
+  std::vector<unsigned char> whole, slice;
+  // Rank 0 has tensor t whole at `data`: each rank's slice to its store.
+  auto deliver = [&](const CheckpointTensor& t, const void* data) {
+    if (tp == 1) {
+      t.store(data);
+      return;
+    }
+    slice.resize(slice_bytes(t, tp));
+    tp_scatter(g, t.entry.shape, t.layout, data, slice.data(), dtype_size(t.entry.dtype));
+    t.store(slice.data());
+  };
+  if (root) {
+    reader->read_all([&](const TensorEntry& e, uint64_t off, const void* data, size_t n) {
+      const CheckpointTensor& t = tensors[static_cast<size_t>(index.at(e.name))];
+      if (off == 0 && n == e.bytes()) {  // in one piece
+        deliver(t, data);
+        return;
+      }
+      whole.resize(e.bytes());
+      std::memcpy(whole.data() + off, data, n);
+      if (off + n == e.bytes()) deliver(t, whole.data());
+    });
+  } else {
+    for (const int32_t i : order) deliver(tensors[static_cast<size_t>(i)], nullptr);
+  }
+  // The content hash is checked after the last piece: the others wait for rank 0's verdict (a
+  // failed check ends the job there).
+  unsigned char verified = 1;
+  g.broadcast(&verified, 1, 0);
 }
 
 void check_tensors(const safetensors::Reader& r, const std::vector<TensorEntry>& expected) {
@@ -264,13 +491,17 @@ void check_tensors(const safetensors::Reader& r, const std::vector<TensorEntry>&
 
 SavedCheckpoint save_checkpoint(const std::string& dir, const Trainer& trainer,
                                 const CheckpointIdentity& id, const nlohmann::ordered_json& config,
-                                const OptimizerStateHost* gathered) {
+                                const OptimizerStateHost* gathered, const HostGroup* tp_group) {
   cudaStream_t stream = trainer.stream();
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
   REPLAY_REQUIRE(gathered != nullptr || trainer.model().params().shard_count() == 1,
                  "save_checkpoint: a distributed optimizer's state must be gathered first");
+  const TpPlace place = tp_place(trainer);
+  const HostGroup& g = tp_group != nullptr ? *tp_group : alone();
+  REPLAY_REQUIRE(g.size() == place.size && g.rank() == place.rank,
+                 "save_checkpoint: the host group is not the tensor-parallel group");
   HostState host;
-  std::vector<Item> list = items(trainer, &host, gathered);
+  std::vector<CheckpointTensor> list = items(trainer, &host, gathered);
   REPLAY_CUDA_CHECK(
       cudaMemcpy(&host.scalars, trainer.scalars(), sizeof(StepScalars), cudaMemcpyDeviceToHost));
   const graphs::RngTracker& rng = trainer.rng();
@@ -280,7 +511,7 @@ SavedCheckpoint save_checkpoint(const std::string& dir, const Trainer& trainer,
 
   SavedCheckpoint saved;
   saved.iteration = host.scalars.iteration;
-  saved.path = dir + "/" + checkpoint_file_name(saved.iteration);
+  if (g.rank() == 0) saved.path = dir + "/" + checkpoint_file_name(saved.iteration);
   safetensors::Metadata meta{{"format", kCheckpointFormat},
                              {"format_version", std::to_string(kCheckpointVersion)},
                              {"replay_version", version()},
@@ -294,60 +525,24 @@ SavedCheckpoint save_checkpoint(const std::string& dir, const Trainer& trainer,
                              {"iteration", std::to_string(host.scalars.iteration)},
                              {"optimizer_step", std::to_string(host.scalars.step)},
                              {"config", config.dump()}};
-  std::vector<TensorEntry> entries;
-  for (const Item& i : list) entries.push_back(i.entry);
-  safetensors::Writer w(saved.path, std::move(entries), std::move(meta));
-  constexpr size_t kPiece = size_t{64} << 20;
-  std::vector<unsigned char> buf;
-  for (const Item& i : list) {
-    const uint64_t bytes = i.entry.bytes();
-    if (i.host != nullptr) {
-      w.write(i.host, bytes);
-      continue;
-    }
-    for (uint64_t off = 0; off < bytes; off += kPiece) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, bytes - off));
-      buf.resize(n);
-      REPLAY_CUDA_CHECK(cudaMemcpy(buf.data(), static_cast<const char*>(i.device) + off, n,
-                                   cudaMemcpyDeviceToHost));
-      w.write(buf.data(), n);
-    }
-  }
-  w.commit();
-  for (const Item& i : list) saved.bytes += i.entry.bytes();
+  saved.bytes = write_checkpoint_tensors(saved.path, list, std::move(meta), &g);
   return saved;
 }
 
-int64_t load_checkpoint(const safetensors::Reader& r, Trainer& trainer) {
+int64_t load_checkpoint(const safetensors::Reader& r, Trainer& trainer, const HostGroup* tp_group) {
   cudaStream_t stream = trainer.stream();
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const TpPlace place = tp_place(trainer);
+  const HostGroup& g = tp_group != nullptr ? *tp_group : alone();
+  REPLAY_REQUIRE(g.size() == place.size && g.rank() == place.rank,
+                 "load_checkpoint: the host group is not the tensor-parallel group");
   HostState host;
-  std::vector<Item> list = items(trainer, &host);
+  std::vector<CheckpointTensor> list = items(trainer, &host);
+  check_layouts(r, list);
   // The fields the file does not hold (flags, the warm-up hold) start from the device's values.
   REPLAY_CUDA_CHECK(
       cudaMemcpy(&host.scalars, trainer.scalars(), sizeof(StepScalars), cudaMemcpyDeviceToHost));
-  std::unordered_map<std::string, const Item*> by_name;
-  for (const Item& i : list) by_name[i.entry.name] = &i;
-  r.read_all([&](const TensorEntry& e, uint64_t off, const void* data, size_t n) {
-    const auto it = by_name.find(e.name);
-    REPLAY_REQUIRE(it != by_name.end(), "load_checkpoint: tensor '" + e.name + "' not checked");
-    const Item& i = *it->second;
-    if (i.host != nullptr) {
-      std::memcpy(static_cast<char*>(i.host) + off, data, n);
-    } else if (i.shard >= 0) {  // fp32 elements [first, first + count) of the flat layout
-      const int64_t first = i.flat + static_cast<int64_t>(off / sizeof(float)),
-                    count = static_cast<int64_t>(n / sizeof(float));
-      const int64_t lo = std::max(first, i.shard), hi = std::min(first + count, i.shard + i.share);
-      if (lo < hi)
-        REPLAY_CUDA_CHECK(cudaMemcpy(static_cast<float*>(i.device) + i.share_at + (lo - i.shard),
-                                     static_cast<const float*>(data) + (lo - first),
-                                     static_cast<size_t>(hi - lo) * sizeof(float),
-                                     cudaMemcpyHostToDevice));
-    } else {
-      REPLAY_CUDA_CHECK(
-          cudaMemcpy(static_cast<char*>(i.device) + off, data, n, cudaMemcpyHostToDevice));
-    }
-  });
+  read_checkpoint_tensors(&r, list, &g);
   StepScalars& s = host.scalars;
   s.found_inf = 0;
   s.noop = 0;

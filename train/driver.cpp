@@ -218,10 +218,6 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     throw bench::UsageError("--inject overflow: plants its Inf in step " +
                             std::to_string(graphs::kOverflowStep) + " (0-based); give --steps " +
                             std::to_string(graphs::kOverflowStep + 1) + " or more");
-  if (tp > 1 && (!f.save.empty() || !f.load.empty()))
-    throw bench::UsageError(
-        "--save/--load: checkpoints of tensor-parallel runs are not written "
-        "yet (one file per shard is missing)");
   const bool leader = world.rank == 0;  // writes the JSON, the mllog and the checkpoints
 
   // Every output the run writes at its end can be written, before any work.
@@ -230,7 +226,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   w.open_data(f, out);
   const CheckpointIdentity identity{info.tool, info.name, f.preset, w.precision(), f.seed};
   std::unique_ptr<safetensors::Reader> resume;
-  if (!f.load.empty()) resume = open_checkpoint(find_checkpoint(f.load), identity);
+  if (!f.load.empty()) {
+    resume = open_checkpoint(find_checkpoint(f.load), identity);
+    check_tensor_parallel(*resume, tp);  // a degree that divides every split tensor
+  }
   if (!f.save.empty() && leader) prepare_save_directory(f.save);
   if (!f.dump_step.empty()) check_output_file("--dump-step", f.dump_step);
 
@@ -248,6 +247,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
 
   // Communicators before any capture; declared before the trainer, so destroyed after its graphs.
   comm::CollectiveLog collectives;
+  // Checkpoints of a tensor-parallel run move slices between the group's processes on the host.
+  std::unique_ptr<HostGroup> tp_host;
+  if (tp > 1 && (!f.save.empty() || !f.load.empty()))
+    tp_host = std::make_unique<HostGroup>(world, world.rank / tp);
   std::unique_ptr<comm::Communicator> dp_comm;
   std::unique_ptr<comm::Watchdog> watchdog;
   std::unique_ptr<comm::Communicator> tp_comm;
@@ -284,6 +287,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     throw bench::UsageError("--tp: " + info.tool + "'s model cannot be split over processes");
   if (ep > 1) w.set_expert_parallel(world.rank, ep, ep_comm.get());
   std::unique_ptr<Model> model = w.build(ctx, training, f, out);
+  if (!f.save.empty() || !f.load.empty()) check_tensor_parallel_params(model->params(), tp);
   if (dp > 1 && !model->shard_data(dp_rank, dp))
     throw bench::UsageError("--dp: " + info.tool + "'s model cannot split its batches over ranks");
   double target_quality = f.target_quality;
@@ -318,9 +322,9 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   if (resume) {
     check_tensors(*resume, checkpoint_tensors(trainer));
     const auto t_load = std::chrono::steady_clock::now();
-    first = load_checkpoint(*resume, trainer);
-    std::fprintf(out, "# resumed from %s after %" PRId64 " steps (%.1f ms)\n",
-                 resume->path().c_str(), first, ms_since(t_load));
+    first = load_checkpoint(*resume, trainer, tp_host.get());
+    std::fprintf(out, "# resumed from %s after %" PRId64 " steps (%.1f ms, written at --tp %d)\n",
+                 resume->path().c_str(), first, ms_since(t_load), checkpoint_tp(*resume));
   }
   if (trainer.peaks().bf16_gemm_tflops > 0)
     std::fprintf(out, "# peak: bf16 GEMM %.1f TFLOP/s (8192^3, measured)\n",
@@ -422,12 +426,16 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   std::optional<int64_t> last_saved;
   auto save = [&](int64_t iteration) {
     const auto t_save = std::chrono::steady_clock::now();
-    // Data parallel: every rank's share of the optimizer state to the leader, then one file.
+    // Data parallel: every rank's share of the optimizer state to data-parallel rank 0; tensor
+    // parallel: that rank's group puts the slices together on the leader, which writes one file.
     OptimizerStateHost gathered;
-    if (dp_comm) trainer.gather_optimizer_state(leader ? &gathered : nullptr);
+    const bool writes = dp_rank == 0;
+    if (dp_comm) trainer.gather_optimizer_state(writes ? &gathered : nullptr);
+    SavedCheckpoint c;
+    if (writes)
+      c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f),
+                          dp_comm ? &gathered : nullptr, tp_host.get());
     if (leader) {
-      const SavedCheckpoint c = save_checkpoint(f.save, trainer, identity, resolved_config(w, f),
-                                                dp_comm ? &gathered : nullptr);
       const double seconds = ms_since(t_save) * 1e-3;
       std::fprintf(out, "# saved %s (%.1f MB, %.2f s)\n", c.path.c_str(),
                    static_cast<double>(c.bytes) / 1e6, seconds);

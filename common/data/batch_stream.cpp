@@ -1,4 +1,4 @@
-// batch_stream.cpp: the batch order and the prefetch ring.
+// batch_stream.cpp: the batch order, and the token stream over the prefetch ring (prefetch_ring.h).
 #include "common/data/batch_stream.h"
 
 #include <cstring>
@@ -38,198 +38,103 @@ void BatchOrder::rows(int64_t index, int64_t* out) {
   for (int64_t r = 0; r < micro_batch_; ++r) out[r] = perm_[first + r];
 }
 
+namespace {
+
+PrefetchRing::Options ring_options(const StreamOptions& o, int64_t micro_batch, int64_t seq_len) {
+  PrefetchRing::Options r;
+  r.slot_bytes = static_cast<size_t>(micro_batch * (seq_len + 1)) * sizeof(int32_t);
+  r.slots = o.ring_slots;
+  r.host_only = o.host_only;
+  return r;
+}
+
+// The rows the stream visits, checked to hold a micro-batch inside the file.
+int64_t rows_visited(const TokenFile& file, const StreamOptions& o) {
+  const int64_t n = o.num_rows > 0 ? o.num_rows : file.info().num_sequences - o.first_row;
+  const int64_t mb = file.shape().micro_batch;
+  REPLAY_REQUIRE(o.first_row >= 0 && n >= mb && o.first_row + n <= file.info().num_sequences,
+                 "rows [" + std::to_string(o.first_row) + ", " + std::to_string(o.first_row + n) +
+                     ") of a file of " + std::to_string(file.info().num_sequences) +
+                     " sequences do not hold a micro-batch of " + std::to_string(mb));
+  return n;
+}
+
+}  // namespace
+
 BatchStream::BatchStream(TokenFile file, const StreamOptions& options)
     : file_(std::move(file)),
       options_(options),
       micro_batch_(file_.shape().micro_batch),
       seq_len_(file_.info().seq_len),
-      num_rows_(options.num_rows > 0 ? options.num_rows
-                                     : file_.info().num_sequences - options.first_row),
-      batches_per_epoch_(num_rows_ / micro_batch_) {
-  REPLAY_REQUIRE(options.ring_slots >= 1, "the ring needs at least one slot");
-  REPLAY_REQUIRE(options.first_row >= 0 && num_rows_ >= micro_batch_ &&
-                     options.first_row + num_rows_ <= file_.info().num_sequences,
-                 "rows [" + std::to_string(options.first_row) + ", " +
-                     std::to_string(options.first_row + num_rows_) + ") of a file of " +
-                     std::to_string(file_.info().num_sequences) +
-                     " sequences do not hold a micro-batch of " + std::to_string(micro_batch_));
-  const size_t slot_tokens = static_cast<size_t>(micro_batch_ * (seq_len_ + 1));
-  if (!options.host_only) REPLAY_CUDA_CHECK(cudaGetDevice(&device_));
-  slots_.resize(static_cast<size_t>(options.ring_slots));
-  for (Slot& slot : slots_) {
-    if (options.host_only) {
-      slot.host.resize(slot_tokens);
-      slot.data = slot.host.data();
-      continue;
-    }
-    void* pinned = nullptr;
-    REPLAY_CUDA_CHECK(cudaHostAlloc(&pinned, slot_tokens * sizeof(int32_t), cudaHostAllocDefault));
-    slot.pinned.reset(static_cast<int32_t*>(pinned));
-    slot.data = slot.pinned.get();
-    cudaEvent_t event = nullptr;
-    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    slot.copied.reset(event);
-  }
-  thread_ = std::thread(&BatchStream::prefetch_loop, this);  // last: nothing after it may throw
+      num_rows_(rows_visited(file_, options)),
+      batches_per_epoch_(num_rows_ / micro_batch_),
+      order_(num_rows_, micro_batch_, options.shuffle, options.seed),
+      rows_(static_cast<size_t>(micro_batch_)),
+      ring_(ring_options(options, micro_batch_, seq_len_),
+            [this](int64_t b, void* slot) { fill(b, slot); }) {
+  ring_.start();  // last: nothing after it may throw
 }
 
-BatchStream::~BatchStream() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  // The last copies may still be reading the ring; errors cannot be reported from here.
-  for (Slot& slot : slots_)
-    if (slot.copied) cudaEventSynchronize(slot.copied.get());
-}
+BatchStream::~BatchStream() = default;  // the ring stops its thread and waits for the copies
 
 void BatchStream::seek(int64_t index) {
   REPLAY_REQUIRE(index >= 0, "BatchStream::seek: negative batch index");
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    REPLAY_REQUIRE(consumed_ == 0, "BatchStream::seek after the first batch was handed out");
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  // Nothing was handed out, so no copy reads the ring: the prefetch restarts from `index`.
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = false;
-    produced_ = 0;
-    error_ = nullptr;
-    first_ = index;
-  }
-  thread_ = std::thread(&BatchStream::prefetch_loop, this);
+  ring_.restart("BatchStream::seek", [&] { first_ = index; });
 }
 
 void BatchStream::shard(int64_t stride, int64_t offset) {
   REPLAY_REQUIRE(stride >= 1 && offset >= 0 && offset < stride, "BatchStream::shard: bad share");
   const int64_t at = position();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    REPLAY_REQUIRE(consumed_ == 0, "BatchStream::shard after the first batch was handed out");
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = false;
-    produced_ = 0;
-    error_ = nullptr;
+  ring_.restart("BatchStream::shard", [&] {
     first_ = at;
     options_.stride = stride;
     options_.offset = offset;
-  }
-  thread_ = std::thread(&BatchStream::prefetch_loop, this);
+  });
 }
 
 int64_t BatchStream::position() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return first_ + consumed_;
+  return first_ + ring_.taken();
 }
 
-void BatchStream::prefetch_loop() {
-  try {
-    if (!options_.host_only) {
-      REPLAY_CUDA_CHECK(cudaSetDevice(device_));
-      // This thread's event waits must not disturb a global-mode capture on the training thread
-      // (they only wait on events recorded outside any capture, which is always safe).
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      REPLAY_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-    }
-    BatchOrder order(num_rows_, micro_batch_, options_.shuffle, options_.seed);
-    std::vector<int64_t> rows(static_cast<size_t>(micro_batch_));
-    const int64_t ring = static_cast<int64_t>(slots_.size());
-    const int64_t row_tokens = seq_len_ + 1;
-    for (int64_t b = 0;; ++b) {
-      Slot& slot = slots_[static_cast<size_t>(b % ring)];
-      {
-        // The slot last held batch b - ring: wait until next() has issued its copies.
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || consumed_ > b - ring; });
-        if (stop_) return;
-      }
-      // ... and until the device has finished reading it (the training thread never waits here).
-      if (slot.copied) REPLAY_CUDA_CHECK(cudaEventSynchronize(slot.copied.get()));
-      order.rows((first_ + b) * options_.stride + options_.offset, rows.data());
-      for (int64_t r = 0; r < micro_batch_;) {  // one read per run of consecutive rows
-        int64_t n = 1;
-        while (r + n < micro_batch_ && rows[r + n] == rows[r] + n) ++n;
-        file_.read_rows(options_.first_row + rows[r], n, slot.data + r * row_tokens);
-        r += n;
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        produced_ = b + 1;
-      }
-      cv_.notify_all();
-    }
-  } catch (...) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::current_exception();
-    }
-    cv_.notify_all();
+void BatchStream::fill(int64_t b, void* slot) {
+  auto* data = static_cast<int32_t*>(slot);
+  const int64_t row_tokens = seq_len_ + 1;
+  order_.rows((first_ + b) * options_.stride + options_.offset, rows_.data());
+  for (int64_t r = 0; r < micro_batch_;) {  // one read per run of consecutive rows
+    int64_t n = 1;
+    while (r + n < micro_batch_ && rows_[r + n] == rows_[r] + n) ++n;
+    file_.read_rows(options_.first_row + rows_[r], n, data + r * row_tokens);
+    r += n;
   }
 }
 
 void BatchStream::next(cudaStream_t stream, int32_t* dst_tokens, int32_t* dst_targets) {
   REPLAY_REQUIRE(dst_tokens != nullptr && dst_targets != nullptr, "null destination buffer");
-  if (!options_.host_only) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    REPLAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    REPLAY_REQUIRE(capture == cudaStreamCaptureStatusNone,
-                   "BatchStream::next must run outside any captured region: its copies read a "
-                   "different ring slot every step");
-  }
-  int64_t b = 0;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (produced_ == consumed_ && !error_) {  // the prefetch thread is behind: a stall
-      ++stalls_;
-      const auto start = std::chrono::steady_clock::now();
-      cv_.wait(lock, [&] { return produced_ > consumed_ || error_; });
-      stall_time_ += std::chrono::steady_clock::now() - start;
+  ring_.take(stream, "BatchStream::next", [&](const void* slot, cudaStream_t s) {
+    const auto* data = static_cast<const int32_t*>(slot);
+    if (!options_.host_only) {
+      copy_rows_to_device(data, micro_batch_, seq_len_, s, dst_tokens, dst_targets);
+      return;
     }
-    if (produced_ == consumed_) std::rethrow_exception(error_);
-    b = consumed_;
-  }
-  const Slot& slot = slots_[static_cast<size_t>(b % static_cast<int64_t>(slots_.size()))];
-  const size_t out_bytes = static_cast<size_t>(seq_len_) * sizeof(int32_t);
-  if (options_.host_only) {
+    const size_t out_bytes = static_cast<size_t>(seq_len_) * sizeof(int32_t);
     for (int64_t r = 0; r < micro_batch_; ++r) {
-      const int32_t* row = slot.data + r * (seq_len_ + 1);
+      const int32_t* row = data + r * (seq_len_ + 1);
       std::memcpy(dst_tokens + r * seq_len_, row, out_bytes);
       std::memcpy(dst_targets + r * seq_len_, row + 1, out_bytes);
     }
-  } else {
-    copy_rows_to_device(slot.data, micro_batch_, seq_len_, stream, dst_tokens, dst_targets);
-    REPLAY_CUDA_CHECK(cudaEventRecord(slot.copied.get(), stream));
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++consumed_;
-  }
-  cv_.notify_all();
+  });
 }
 
 int64_t BatchStream::delivered() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return consumed_;
+  return ring_.taken();
 }
 
 int64_t BatchStream::stalls() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stalls_;
+  return ring_.stalls();
 }
 
 double BatchStream::stall_seconds() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return std::chrono::duration<double>(stall_time_).count();
+  return ring_.stall_seconds();
 }
 
 void copy_rows_to_device(const int32_t* rows, int64_t count, int64_t seq_len, cudaStream_t stream,

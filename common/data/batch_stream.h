@@ -6,15 +6,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
+#include "common/data/prefetch_ring.h"
 #include "common/data/token_file.h"
 
 namespace replay::data {
@@ -90,37 +85,16 @@ class BatchStream {
   double stall_seconds() const;  // the time they waited
 
  private:
-  struct PinnedFree {
-    void operator()(int32_t* p) const { cudaFreeHost(p); }
-  };
-  struct EventDestroy {
-    void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
-  };
-  struct Slot {
-    std::vector<int32_t> host;                         // host_only
-    std::unique_ptr<int32_t, PinnedFree> pinned;       // otherwise
-    std::unique_ptr<CUevent_st, EventDestroy> copied;  // recorded after the slot's copies
-    int32_t* data = nullptr;
-  };
-
-  void prefetch_loop();
+  void fill(int64_t b, void* slot);  // the ring's prefetch thread: batch b since the last start
 
   TokenFile file_;  // read only by the prefetch thread once it runs
   StreamOptions options_;
   int64_t micro_batch_, seq_len_, num_rows_, batches_per_epoch_;
-  int device_ = -1;
-  std::vector<Slot> slots_;
-
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int64_t first_ = 0;     // the order's index of batch 0 of the ring (seek)
-  int64_t produced_ = 0;  // batches [0, produced_) are in the ring or delivered
-  int64_t consumed_ = 0;  // batches [0, consumed_) have had their copies issued
-  int64_t stalls_ = 0;
-  std::chrono::steady_clock::duration stall_time_{};
-  bool stop_ = false;
-  std::exception_ptr error_;  // the prefetch thread's failure at batch produced_
-  std::thread thread_;
+  // The prefetch thread's own (changed only while it is stopped: seek, shard).
+  BatchOrder order_;
+  std::vector<int64_t> rows_;
+  int64_t first_ = 0;  // the order's index of the ring's batch 0 (seek)
+  PrefetchRing ring_;  // last: destroyed first, its thread stopped before the rest goes
 };
 
 // Rows [first, first + count) of rows of seq_len + 1 tokens as one micro-batch of inputs and

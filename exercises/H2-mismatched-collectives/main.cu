@@ -15,9 +15,13 @@
 // Fixed: before the first replay every rank hashes the collectives it enqueued during capture
 // (kind, count, type, reduction, in order: a thin wrapper around ncclAllReduce records them) and
 // the ranks compare the hashes with MPI_Allgather. The planted mismatch is found there, each rank
-// names the first differing collective on both sides, and nothing is replayed. Then the corrected
-// step (the found-inf all-reduce on every rank, unconditionally) is captured, passes the check and
-// is replayed kReplays times, every all-reduced value checked against its expected sum.
+// names the first differing collective on both sides, and nothing is replayed. Then, as a rerun
+// after the fix would (a fresh communicator, warmed), the corrected step (the found-inf all-reduce
+// on every rank, unconditionally) is captured, passes the check and is replayed kReplays times,
+// every all-reduced value checked against its expected sum.
+//
+// The log, the check and the broken mode's verdict need no GPU: they are in capture_check.h, which
+// tests/exercises/test_h2_capture_check.cu runs on the CPU.
 //
 // Run with 2 ranks, one GPU each: mpiexec -n 2 exercise-h2 --mode broken|fixed.
 #include <mpi.h>
@@ -30,7 +34,10 @@
 #include <string>
 #include <vector>
 
+#include "H2-mismatched-collectives/capture_check.h"
 #include "common.h"
+
+using namespace h2;  // the capture log, the check and the MPI helpers
 
 constexpr int kGrads = 4096;             // floats in the gradient all-reduce
 constexpr double kTimeoutS = 10.0;       // the watchdog's wait for one replay
@@ -48,14 +55,8 @@ constexpr int kReplays = 5;              // replays of the corrected step (fixed
     }                                                                                           \
   } while (0)
 
-// ---- The collective log ------------------------------------------------------------------------
-
-const char* dtype_name(ncclDataType_t t) {
-  return t == ncclFloat32 ? "f32" : t == ncclInt32 ? "i32" : "other";
-}
-const char* op_name(ncclRedOp_t op) {
-  return op == ncclSum ? "sum" : op == ncclMax ? "max" : "op";
-}
+// ---- The communicator
+// ----------------------------------------------------------------------------
 
 // "ncclSuccess (0)": the enumerator, as NCCL's header names it.
 std::string nccl_name(ncclResult_t r) {
@@ -66,20 +67,9 @@ std::string nccl_name(ncclResult_t r) {
   return std::string(i >= 0 && i < 8 ? names[i] : "ncclResult") + " (" + std::to_string(i) + ")";
 }
 
-// One collective as a rank enqueued it; its place in the sequence is its order.
-struct Collective {
-  const char* kind;
-  size_t count;
-  ncclDataType_t dtype;
-  ncclRedOp_t op;
-  std::string describe() const {
-    return std::string(kind) + "(" + dtype_name(dtype) + " x " + std::to_string(count) + ", " +
-           op_name(op) + ")";
-  }
-};
-
-// A communicator whose collectives are recorded while the stream captures: what the graph holds.
-class LoggedComm {
+// A communicator whose collectives are recorded while the stream captures: what the graph holds
+// (the log's part is in capture_check.h).
+class LoggedComm : public CaptureLog {
  public:
   explicit LoggedComm(ncclComm_t comm) : comm_(comm) {}
   ncclComm_t handle() const { return comm_; }
@@ -88,106 +78,13 @@ class LoggedComm {
                   cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     EX_CHECK(cudaStreamIsCapturing(stream, &status));  // the one query a capture allows
-    if (status == cudaStreamCaptureStatusActive)
-      captured_.push_back({"all_reduce", count, dtype, op});
+    if (status == cudaStreamCaptureStatusActive) record({"all_reduce", count, dtype, op});
     NCCL_CHECK(ncclAllReduce(send, recv, count, dtype, op, comm_, stream));
-  }
-
-  const std::vector<Collective>& captured() const { return captured_; }
-  void clear_captured() { captured_.clear(); }
-
-  // FNV-1a over "index:description" of every captured collective, in order.
-  uint64_t hash() const {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < captured_.size(); ++i) {
-      const std::string line = std::to_string(i) + ":" + captured_[i].describe() + "\n";
-      for (unsigned char c : line) h = (h ^ c) * 1099511628211ull;
-    }
-    return h;
-  }
-
-  // Collective #i, or what a reader needs to see when the sequence has no #i.
-  std::string at(size_t i) const {
-    return i < captured_.size()
-               ? captured_[i].describe()
-               : "nothing (the sequence ends after " + std::to_string(captured_.size()) + ")";
   }
 
  private:
   ncclComm_t comm_;
-  std::vector<Collective> captured_;
 };
-
-// ---- MPI helpers (host only: they work while a GPU spins in a collective) -----------------------
-
-std::vector<std::string> gather_strings(const std::string& mine, int ranks) {
-  const int len = static_cast<int>(mine.size());
-  std::vector<int> lens(ranks), offsets(ranks);
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  int total = 0;
-  for (int r = 0; r < ranks; ++r) {
-    offsets[r] = total;
-    total += lens[r];
-  }
-  std::string all(static_cast<size_t>(total), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, &all[0], lens.data(), offsets.data(), MPI_CHAR,
-                 MPI_COMM_WORLD);
-  std::vector<std::string> out;
-  for (int r = 0; r < ranks; ++r) out.push_back(all.substr(offsets[r], lens[r]));
-  return out;
-}
-
-std::vector<long long> gather_ints(long long mine, int ranks) {
-  std::vector<long long> out(ranks);
-  MPI_Allgather(&mine, 1, MPI_LONG_LONG, out.data(), 1, MPI_LONG_LONG, MPI_COMM_WORLD);
-  return out;
-}
-
-// ---- The captured-sequence check ---------------------------------------------------------------
-
-struct Comparison {
-  bool same = true;
-  uint64_t mine = 0, theirs = 0;
-  int other = -1;         // the first rank whose hash differs from this rank's
-  size_t first_diff = 0;  // the first collective that differs between this rank and `other`
-  std::string here, there;
-  size_t n_here = 0, n_there = 0;
-};
-
-// Every rank's captured sequence against every other's: the hashes over MPI_Allgather, and where
-// they differ the lists, to name the first differing collective on each side.
-Comparison compare_captures(const LoggedComm& comm, int rank, int ranks) {
-  Comparison c;
-  c.mine = comm.hash();
-  std::vector<long long> hashes = gather_ints(static_cast<long long>(c.mine), ranks);
-  for (int r = 0; r < ranks && c.other < 0; ++r)
-    if (static_cast<uint64_t>(hashes[r]) != c.mine) c.other = r;
-  int any_differs = 0, local = c.other >= 0 ? 1 : 0;
-  MPI_Allreduce(&local, &any_differs, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  c.same = any_differs == 0;
-  if (c.same) return c;
-  // The lists, one collective a line, to say what differs (every rank takes part).
-  std::string text;
-  for (const Collective& k : comm.captured()) text += k.describe() + "\n";
-  const std::vector<std::string> lists = gather_strings(text, ranks);
-  if (c.other < 0) c.other = rank == 0 ? 1 : 0;  // this rank agrees with the first; show another
-  c.theirs = static_cast<uint64_t>(hashes[c.other]);
-  std::vector<std::string> theirs;
-  for (size_t pos = 0, end; (end = lists[c.other].find('\n', pos)) != std::string::npos;
-       pos = end + 1)
-    theirs.push_back(lists[c.other].substr(pos, end - pos));
-  const std::vector<Collective>& mine = comm.captured();
-  size_t i = 0;
-  while (i < mine.size() && i < theirs.size() && mine[i].describe() == theirs[i]) ++i;
-  c.first_diff = i;
-  c.n_here = mine.size();
-  c.n_there = theirs.size();
-  c.here = comm.at(i);
-  c.there = i < theirs.size()
-                ? theirs[i]
-                : "nothing (the sequence ends after " + std::to_string(theirs.size()) + ")";
-  return c;
-}
 
 // ---- The step ----------------------------------------------------------------------------------
 
@@ -354,53 +251,29 @@ std::string describe_stall(const Wait& w, const LoggedComm& comm, int rank) {
   std::_Exit(code);
 }
 
-// ---- The two modes -----------------------------------------------------------------------------
-
-// Rank 0's result line for the broken mode, from every rank's state after the watchdog: which rank
-// stalled, in which collective, and whether another rank never captured that collective.
-int report_broken(const ex::Args& args, const std::vector<long long>& completed,
-                  const std::vector<long long>& progress, const std::vector<long long>& counts,
-                  const std::vector<std::string>& errors, const std::vector<std::string>& waits,
-                  const std::vector<double>& seconds, const std::vector<std::string>& aborts) {
-  const int ranks = static_cast<int>(completed.size());
-  int stalled = -1;
-  for (int r = 0; r < ranks && stalled < 0; ++r)
-    if (!completed[r]) stalled = r;
-  int code = 0;
-  if (stalled < 0) {
-    code = ex::report("H2", args, false,
-                      "every rank's replay completed (captured %lld and %lld collectives): "
-                      "the documented stall did not happen",
-                      counts[0], counts[ranks > 1 ? 1 : 0]);
-  } else {
-    // The stalled rank waited in a collective that another rank never captured: the mismatch.
-    int other = -1;
-    for (int r = 0; r < ranks && other < 0; ++r)
-      if (r != stalled && counts[r] <= progress[stalled]) other = r;
-    std::string abort_text;
-    for (int r = 0; r < ranks; ++r)
-      abort_text += (r ? ", rank " : "rank ") + std::to_string(r) + " " + aborts[r];
-    const bool documented = errors[stalled].empty() && other >= 0 && completed[other];
-    if (!errors[stalled].empty()) {
-      code = ex::report("H2", args, false, "rank %d's replay stopped with NCCL error %s", stalled,
-                        errors[stalled].c_str());
-    } else {
-      char other_text[192] = "every other rank captured it too";
-      if (other >= 0)
-        std::snprintf(other_text, sizeof(other_text),
-                      "which rank %d never captured (its graph holds %lld collectives; its "
-                      "replay %s in %.1f s)",
-                      other, counts[other], completed[other] ? "completed" : "stalled too",
-                      seconds[other]);
-      code = ex::report("H2", args, documented,
-                        "replay did not complete within %.0f s: rank %d waited in collective "
-                        "#%lld %s (its graph holds %lld), %s; ncclCommAbort: %s",
-                        kTimeoutS, stalled, progress[stalled], waits[stalled].c_str(),
-                        counts[stalled], other_text, abort_text.c_str());
-    }
-  }
-  return code;
+// A communicator over every rank: rank 0's unique id sent over MPI.
+ncclComm_t make_comm(int rank, int ranks) {
+  ncclUniqueId id;
+  if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t comm;
+  NCCL_CHECK(ncclCommInitRank(&comm, ranks, id, rank));
+  return comm;
 }
+
+// One eager step on every rank, every collective included: it warms each collective kind before
+// any capture (C18). Returns this rank's overflow flag (rank-local data); the step counter is
+// reset.
+bool warm_up(LoggedComm& comm, const Buffers& b, int rank, cudaStream_t s) {
+  enqueue_step(comm, b, rank, true, s);
+  EX_CHECK(cudaStreamSynchronize(s));
+  const bool overflow = ex::read_back(b.found_inf) != 0;
+  EX_CHECK(cudaMemsetAsync(b.step, 0, sizeof(int), s));
+  EX_CHECK(cudaStreamSynchronize(s));
+  return overflow;
+}
+
+// ---- The two modes -----------------------------------------------------------------------------
 
 // Broken: the mismatched graphs replayed, the watchdog names the stall.
 [[noreturn]] void run_broken(const ex::Args& args, LoggedComm& comm, const Buffers& b, int rank,
@@ -411,10 +284,14 @@ int report_broken(const ex::Args& args, const std::vector<long long>& completed,
   std::string aborted = "not needed";
   if (!w.completed) {
     aborted = abort_with_deadline(comm.handle());
-    const cudaError_t after = cudaEventQuery(done);
+    // Whether the abort ended the spinning collective (NCCL's kernels poll an abort flag). Not
+    // asked while the abort still runs: it may hold CUDA locks a query would wait on.
+    const std::string after = aborted.rfind("returned", 0) == 0
+                                  ? ex::name(cudaEventQuery(done))
+                                  : std::string("not queried (the abort still runs)");
     std::printf(
         "H2 rank %d watchdog: %s; ncclCommAbort %s; the replay's event after the abort: %s\n", rank,
-        describe_stall(w, comm, rank).c_str(), aborted.c_str(), ex::name(after).c_str());
+        describe_stall(w, comm, rank).c_str(), aborted.c_str(), after.c_str());
     std::fflush(stdout);
   }
   // Over MPI (the host is free even while the GPU spins): who completed, where each one waited.
@@ -435,9 +312,9 @@ int report_broken(const ex::Args& args, const std::vector<long long>& completed,
   if (stalled >= 0 && w.completed) aborted = abort_with_deadline(comm.handle());
   const std::vector<std::string> aborts = gather_strings(aborted, ranks);
 
-  int code = rank == 0
-                 ? report_broken(args, completed, progress, counts, errors, waits, seconds, aborts)
-                 : 0;
+  int code = rank == 0 ? report_broken(args, kTimeoutS, completed, progress, counts, errors, waits,
+                                       seconds, aborts)
+                       : 0;
   if (stalled >= 0) end_job(code);  // nothing freed: a rank's GPU may still spin
   MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
   ex::destroy_graph(step.exec, step.graph);
@@ -448,12 +325,12 @@ int report_broken(const ex::Args& args, const std::vector<long long>& completed,
 
 // Fixed: the capture check stops the mismatched graphs before any replay; the corrected step is
 // captured, checked and replayed kReplays times with its sums checked.
-[[noreturn]] void run_fixed(const ex::Args& args, LoggedComm& comm, const Buffers& b, int rank,
-                            int ranks, bool local_overflow, cudaStream_t s) {
+[[noreturn]] void run_fixed(const ex::Args& args, LoggedComm& planted_comm, const Buffers& b,
+                            int rank, int ranks, bool local_overflow, cudaStream_t s) {
   // 1. The same mismatched capture as the broken mode, compared before the first replay.
   const auto t0 = std::chrono::steady_clock::now();
-  const Captured planted = capture_step(comm, b, rank, local_overflow, s);
-  const Comparison check = compare_captures(comm, rank, ranks);
+  const Captured planted = capture_step(planted_comm, b, rank, local_overflow, s);
+  const Comparison check = compare_captures(planted_comm, rank, ranks);
   const double check_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!check.same)
@@ -478,9 +355,12 @@ int report_broken(const ex::Args& args, const std::vector<long long>& completed,
         check.other, check.there.c_str(), check_s);
   }
 
-  // 2. The corrected step: the found-inf all-reduce on every rank, whatever this rank saw.
-  EX_CHECK(cudaMemsetAsync(b.step, 0, sizeof(int), s));
-  EX_CHECK(cudaStreamSynchronize(s));
+  // 2. The corrected program, as a rerun after the fix would start: a fresh communicator (the
+  // first one's host state saw the mismatched captures; its graphs go first, H1), warmed, and the
+  // step with the found-inf all-reduce on every rank, whatever this rank saw.
+  NCCL_CHECK(ncclCommDestroy(planted_comm.handle()));
+  LoggedComm comm(make_comm(rank, ranks));
+  warm_up(comm, b, rank, s);
   const Captured step = capture_step(comm, b, rank, true, s);
   const Comparison recheck = compare_captures(comm, rank, ranks);
   cudaEvent_t done = ex::untimed_event();
@@ -562,12 +442,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   EX_CHECK(cudaSetDevice(rank % devices));
-  ncclUniqueId id;
-  if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclComm_t handle;
-  NCCL_CHECK(ncclCommInitRank(&handle, ranks, id, rank));
-  LoggedComm comm(handle);
+  LoggedComm comm(make_comm(rank, ranks));
   const cudaStream_t stream = ex::nonblocking_stream();
 
   Buffers b;
@@ -582,13 +457,8 @@ int main(int argc, char** argv) {
   b.progress = progress;
   *b.progress = 0;
 
-  // One eager step on every rank, every collective included: it warms each collective kind before
-  // any capture (C18), and its rank-local overflow flag is what the broken branch reads.
-  enqueue_step(comm, b, rank, true, stream);
-  EX_CHECK(cudaStreamSynchronize(stream));
-  const bool local_overflow = ex::read_back(b.found_inf) != 0;  // rank 1: yes, rank 0: no
-  EX_CHECK(cudaMemset(b.step, 0, sizeof(int)));
-  EX_CHECK(cudaDeviceSynchronize());
+  // The eager warm-up step; its rank-local overflow flag is what the broken branch reads.
+  const bool local_overflow = warm_up(comm, b, rank, stream);  // rank 1: yes, rank 0: no
 
   // The planted bug, in both modes: skip the found-inf all-reduce where this rank saw no overflow.
   if (args.broken()) run_broken(args, comm, b, rank, ranks, local_overflow, stream);

@@ -31,12 +31,24 @@ for the tiny preset of GPT-3 and Llama 3.1, `mpiexec -n 2 replay-<w> --dp 2`
    modes, a smaller arena than TP2's, step 0's loss that of TP2 (also with dropout 0.1: each rank
    draws its slice of the whole mask), and every loss within 0.02 nats of one GPU.
 
+7. TP2 checkpoints hold the whole model: the file records --tp 2 and each split tensor's layout,
+   and its tensors have the one-GPU checkpoint's names and shapes. TP2 saved at step 10 and resumed
+   at TP2 (layer mode) gives the losses of 20 straight steps (full mode) and, at step 20, a
+   checkpoint with the same data hash (both ranks' weights, masters and moments, bit for bit). The
+   TP2 checkpoint loaded by one GPU (--tp 1, resharding) continues with step 10's loss within 5e-3
+   of TP2's and every loss of 10 steps within 0.02 nats: both start from the same bytes and batch,
+   and differ only as TP2 and one GPU do from scratch (the row-parallel partial sums rounded to bf16
+   before the all-reduce: step 0 within 5e-3, 20 steps within 0.02). The one-GPU checkpoint loaded
+   at TP2 the same way round.
+
 REPLAY_BIN_DIR names the build's binaries (CTest sets it); with REPLAY_DP_OUT set, the measured
-differences are written there as JSON."""
+differences are written there as JSON; REPLAY_MULTI_GPU_ONLY=dp,tp,tp-checkpoints runs only those
+parts (1-4, 5-7, 7)."""
 
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -138,6 +150,83 @@ def against_one_gpu(workload, layout, runs, one_gpu, what, first_tolerance, tmp,
     return load(one)
 
 
+def safetensors_header(path):
+    """The JSON header of a safetensors file: each tensor's dtype and shape, and "__metadata__"."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def tensor_shapes(header):
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def tp_checkpoints(workload, binary, launch, tmp, failures):
+    """TP2 checkpoints: one file of whole tensors, a bit-exact TP2 resume, and resharding to one GPU
+    and back (test 7 above)."""
+    one_gpu = [binary, "--tp", "1", *launch[launch.index("--preset"):]]
+    tp2_dir, tp2_again, one_dir = (os.path.join(tmp, f"{workload}-{x}") for x in ("tp2-ckpt", "tp2-resumed", "1gpu-ckpt"))
+    step10, step20 = "step-00000010.safetensors", "step-00000020.safetensors"
+    straight, resumed = os.path.join(tmp, f"{workload}-tp2-straight.json"), os.path.join(tmp, f"{workload}-tp2-half.json")
+    rc, _ = run([*launch, "--graphs", "full", "--steps", str(STEPS), "--save", tp2_dir, "--save-interval", "10",
+                 "--json", straight])
+    rc2, text = run([*launch, "--graphs", "layer", "--steps", str(STEPS // 2), "--load",
+                     os.path.join(tp2_dir, step10), "--save", tp2_again, "--json", resumed])
+    check(rc == 0 and rc2 == 0, f"{workload}: TP2 save at 10 and resume at TP2", failures)
+    one_json = os.path.join(tmp, f"{workload}-1gpu-ckpt.json")
+    rc3, _ = run([*one_gpu, "--graphs", "full", "--steps", str(STEPS), "--save", one_dir, "--save-interval", "10",
+                  "--json", one_json])
+    check(rc3 == 0, f"{workload}: one GPU saves at 10", failures)
+    if rc == 0:
+        h = safetensors_header(os.path.join(tp2_dir, step10))
+        meta = h["__metadata__"]
+        layouts = json.loads(meta.get("tensor_parallel_layout", "{}"))
+        check(meta.get("tensor_parallel") == "2" and layouts.get("layer0.attn.proj.weight") == "cols" and
+              layouts.get("layer0.attn.qkv.weight", "").startswith("rows "),
+              f"{workload}: the TP2 checkpoint records --tp 2 and the layouts ({meta.get('tensor_parallel')}, "
+              f"{len(layouts)} split tensors)", failures)
+        if rc3 == 0:
+            mine, whole = tensor_shapes(h), tensor_shapes(safetensors_header(os.path.join(one_dir, step10)))
+            differ = sorted(k for k in set(mine) | set(whole) if mine.get(k) != whole.get(k))
+            check(not differ, f"{workload}: the TP2 checkpoint holds the whole model: {len(mine)} tensors with the "
+                  f"one-GPU checkpoint's names and shapes (differing: {differ[:3]})", failures)
+    if rc == 0 and rc2 == 0:
+        w, hf = load(straight), load(resumed)
+        check(w["losses"][STEPS // 2:] == hf["losses"] and w["weights_hash"] == hf["weights_hash"],
+              f"{workload}: TP2 resume bit-exact (losses and rank 0's weights of 20 straight steps)", failures)
+        a = safetensors_header(os.path.join(tp2_dir, step20))["__metadata__"].get("replay.data_hash")
+        b = safetensors_header(os.path.join(tp2_again, step20))["__metadata__"].get("replay.data_hash")
+        check(a is not None and a == b,
+              f"{workload}: TP2 resumed and straight step-20 checkpoints hold the same bytes ({a} vs {b})", failures)
+    # Resharding: TP2's step 10 on one GPU, and one GPU's step 10 at TP2, each against the run
+    # that wrote it.
+    measured = {}
+    for name, cmd, ref, ok in (
+            ("TP2->1GPU", [*one_gpu, "--load", os.path.join(tp2_dir, step10)], straight, rc == 0),
+            ("1GPU->TP2", [*launch, "--load", os.path.join(one_dir, step10)], one_json, rc3 == 0)):
+        if not ok:
+            continue
+        out = os.path.join(tmp, f"{workload}-{name.replace('>', '')}.json")
+        rc4, text = run([*cmd, "--graphs", "full", "--steps", str(STEPS // 2), "--json", out])
+        check(rc4 == 0 and "written at --tp" in text, f"{workload}: {name} loads and runs", failures)
+        if rc4 != 0:
+            continue
+        a, b = load(ref)["losses"][STEPS // 2:], load(out)["losses"]
+        first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
+        measured[name] = {"writer_losses": a, "reader_losses": b, "first_diff": first, "worst_diff": worst}
+        print(f"{workload}: {name}: step 10 differs by {first:.2e}, the worst of {len(b)} steps by {worst:.2e}")
+        check(len(b) == STEPS // 2 and first <= TP_FIRST_STEP_TOLERANCE,
+              f"{workload}: {name}: step 10's loss within {TP_FIRST_STEP_TOLERANCE} of the writer's ({first:.2e})",
+              failures)
+        check(worst <= LOSS_TOLERANCE,
+              f"{workload}: {name}: {len(b)} losses within {LOSS_TOLERANCE} of the writer's ({worst:.2e})", failures)
+    out_dir = os.environ.get("REPLAY_DP_OUT")
+    if out_dir and measured:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"{workload}-tp-checkpoint.json"), "w") as f:
+            json.dump({"workload": workload, **measured}, f, indent=2)
+
+
 def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
     binary = os.path.join(bin_dir, f"replay-{workload}")
     common = ["--preset", "tiny", "--dropout", "0", "--seed", "7", "--warmup", "2", "--log-interval", "5"]
@@ -210,13 +299,18 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
               f"{workload}: DP2 resume bit-exact (losses and weights of 20 straight steps)", failures)
 
 
-def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
-    """TP2: one model split over two processes, its all-reduces and all-gathers in the graphs."""
+def tp_launch(workload, bin_dir, mpiexec):
+    """The TP2 tests' binary and launch command."""
     binary = os.path.join(bin_dir, f"replay-{workload}")
     # --skip-peak: no start-up GEMM peak measurement, whose buffers would otherwise set the tiny arena's
     # size and hide what sequence parallelism saves.
-    launch = [mpiexec, "-n", "2", "--oversubscribe", binary, "--tp", "2", "--preset", "tiny", "--dropout",
-              "0", "--seed", "7", "--warmup", "2", "--log-interval", "5", "--skip-peak"]
+    return binary, [mpiexec, "-n", "2", "--oversubscribe", binary, "--tp", "2", "--preset", "tiny", "--dropout",
+                    "0", "--seed", "7", "--warmup", "2", "--log-interval", "5", "--skip-peak"]
+
+
+def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
+    """TP2: one model split over two processes, its all-reduces and all-gathers in the graphs."""
+    binary, launch = tp_launch(workload, bin_dir, mpiexec)
     runs = three_modes(workload, "TP2", launch, tmp, failures)
     if "full" in runs:
         d = runs["full"]
@@ -228,6 +322,7 @@ def tensor_parallel(workload, bin_dir, mpiexec, tmp, failures):
     one_gpu = [binary, "--tp", "1", *launch[launch.index("--preset"):], "--graphs", "full", "--steps", str(STEPS)]
     against_one_gpu(workload, "TP2", runs, one_gpu, "the whole model on one GPU", TP_FIRST_STEP_TOLERANCE, tmp,
                     failures)
+    tp_checkpoints(workload, binary, launch, tmp, failures)
 
     # Sequence parallelism: the same split with the residual stream, the norms and the hidden dropout
     # on half the tokens each, reduce-scatters and all-gathers in place of the all-reduces.
@@ -268,11 +363,22 @@ def main():
     bin_dir = os.environ.get("REPLAY_BIN_DIR", "")
     if not os.path.isfile(os.path.join(bin_dir, "replay-gpt3")):
         skip(f"no replay binaries in REPLAY_BIN_DIR={bin_dir!r}")
+    # REPLAY_MULTI_GPU_ONLY=dp,tp,tp-checkpoints (a comma list) runs only those parts; tp includes
+    # tp-checkpoints (test 7).
+    only = set(filter(None, os.environ.get("REPLAY_MULTI_GPU_ONLY", "").split(",")))
+    unknown = only - {"dp", "tp", "tp-checkpoints"}
+    if unknown:
+        print(f"REPLAY_MULTI_GPU_ONLY: unknown part(s) {sorted(unknown)} (dp, tp, tp-checkpoints)")
+        return 2
     failures = []
     with tempfile.TemporaryDirectory(prefix="replay-dp-") as tmp:
         for workload in ("gpt3", "llama31"):
-            crosscheck(workload, bin_dir, mpiexec, tmp, failures)
-            tensor_parallel(workload, bin_dir, mpiexec, tmp, failures)
+            if not only or "dp" in only:
+                crosscheck(workload, bin_dir, mpiexec, tmp, failures)
+            if not only or "tp" in only:
+                tensor_parallel(workload, bin_dir, mpiexec, tmp, failures)
+            elif "tp-checkpoints" in only:
+                tp_checkpoints(workload, *tp_launch(workload, bin_dir, mpiexec), tmp, failures)
     print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
     return 1 if failures else 0
 

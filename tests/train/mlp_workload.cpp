@@ -8,6 +8,9 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/bench/harness.h"
 #include "common/bench/mllog.h"
@@ -26,6 +29,17 @@ double normal(uint64_t& state) {
   const double u1 = (static_cast<double>(data::splitmix(state) >> 11) + 0.5) * 0x1.0p-53;
   const double u2 = static_cast<double>(data::splitmix(state) >> 11) * 0x1.0p-53;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+train::ParamSpec param(std::string name, std::vector<int64_t> shape, train::ParamInit init,
+                       float stddev, bool decay) {
+  train::ParamSpec s;
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.init = init;
+  s.stddev = stddev;
+  s.weight_decay = decay;
+  return s;
 }
 
 GemmDesc linear(int64_t m, int64_t n, int64_t k, Epilogue e) {
@@ -49,12 +63,10 @@ MlpModel::MlpModel(const Context& ctx, const MlpShape& shape, uint64_t data_seed
     const int64_t in = l == 0 ? D : H;
     Layer layer;
     const std::string p = "layer" + std::to_string(l);
-    layer.weight = params_.add({p + ".weight",
-                                {H, in},
-                                train::ParamInit::kNormal,
-                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))),
-                                true});
-    layer.bias = params_.add({p + ".bias", {H}, train::ParamInit::kZeros, 0.0f, false});
+    layer.weight =
+        params_.add(param(p + ".weight", {H, in}, train::ParamInit::kNormal,
+                          static_cast<float>(1.0 / std::sqrt(static_cast<double>(in))), true));
+    layer.bias = params_.add(param(p + ".bias", {H}, train::ParamInit::kZeros, 0.0f, false));
     GemmDesc fwd = linear(B, H, in, Epilogue::kBiasGeluAux);
     fwd.trans_b = true;
     layer.forward = &gemms_.get(fwd);
@@ -65,12 +77,10 @@ MlpModel::MlpModel(const Context& ctx, const MlpShape& shape, uint64_t data_seed
     if (l > 0) layer.dgrad = &gemms_.get(linear(B, in, H, Epilogue::kDGelu));
     layers_.push_back(layer);
   }
-  out_.weight = params_.add({"out.weight",
-                             {K, H},
-                             train::ParamInit::kNormal,
-                             static_cast<float>(1.0 / std::sqrt(static_cast<double>(H))),
-                             true});
-  out_.bias = params_.add({"out.bias", {K}, train::ParamInit::kZeros, 0.0f, false});
+  out_.weight =
+      params_.add(param("out.weight", {K, H}, train::ParamInit::kNormal,
+                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(H))), true));
+  out_.bias = params_.add(param("out.bias", {K}, train::ParamInit::kZeros, 0.0f, false));
   GemmDesc fwd = linear(B, K, H, Epilogue::kBias);
   fwd.trans_b = true;
   out_.forward = &gemms_.get(fwd);

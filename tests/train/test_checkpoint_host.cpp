@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -169,6 +170,75 @@ TEST(CheckpointFiles, EveryTensorMustMatchAndTheMessageNamesIt) {
                   "holds tensor 'layer1.attn.qkv.weight' (BF16 [384, 128]), which this run "
                   "does not have"))
       << e;
+}
+
+// One process (no tensor-parallel group): the file holds each tensor as the run has it, records
+// degree 1 and the split tensors' layouts, and reads back into the stores in the file's order
+// whatever the list's order; a later run whose --tp does not divide a split tensor is refused
+// naming it, one whose --tp divides every split tensor is not; a parameter that differs on every
+// rank without a TpSplit cannot be saved at --tp 2.
+TEST(CheckpointFiles, OneProcessWritesWholeTensorsWithTheirLayouts) {
+  TempDir dir;
+  const std::string p = dir.path() + "/step-00000001.safetensors";
+  struct Known {
+    TensorEntry entry;
+    TpLayout layout;
+    std::vector<float> data;
+  };
+  std::vector<Known> known = {
+      {entry("layer0.attn.qkv.weight", DType::kFP32, {6, 2}), {TpSplit::kRows, {2, 2, 2}}, {}},
+      {entry("layer0.attn.proj.weight", DType::kFP32, {2, 4}), {TpSplit::kCols, {}}, {}},
+      {entry("layer0.ln1.weight", DType::kFP32, {3}), {}, {}},
+  };
+  for (size_t t = 0; t < known.size(); ++t)
+    for (int64_t i = 0; i < known[t].entry.numel(); ++i)
+      known[t].data.push_back(static_cast<float>(100 * t + i));
+  std::vector<std::vector<float>> got(known.size());
+  auto list = [&](bool reversed) {
+    std::vector<CheckpointTensor> out;
+    for (size_t k = 0; k < known.size(); ++k) {
+      const size_t t = reversed ? known.size() - 1 - k : k;
+      CheckpointTensor c{known[t].entry, known[t].layout, {}, {}};
+      const std::vector<float>* from = &known[t].data;
+      std::vector<float>* into = &got[t];
+      c.fetch = [from](void* slice) {
+        std::memcpy(slice, from->data(), from->size() * sizeof(float));
+      };
+      c.store = [from, into](const void* slice) {
+        into->assign(static_cast<const float*>(slice),
+                     static_cast<const float*>(slice) + from->size());
+      };
+      out.push_back(std::move(c));
+    }
+    return out;
+  };
+  EXPECT_EQ(write_checkpoint_tensors(p, list(false), {{"format", kCheckpointFormat}}, nullptr),
+            (12u + 8u + 3u) * sizeof(float));
+  const safetensors::Reader r(p);
+  EXPECT_EQ(checkpoint_tp(r), 1);
+  EXPECT_EQ(r.meta(kTpLayoutKey),
+            "{\"layer0.attn.qkv.weight\":\"rows 2,2,2\",\"layer0.attn.proj.weight\":\"cols\"}");
+  read_checkpoint_tensors(&r, list(true), nullptr);
+  for (size_t t = 0; t < known.size(); ++t) EXPECT_EQ(got[t], known[t].data) << t;
+  EXPECT_NO_THROW(check_tensor_parallel(r, 2));
+  EXPECT_NO_THROW(check_layouts(r, list(false)));
+  const std::string e = usage_error([&] { check_tensor_parallel(r, 4); });
+  EXPECT_TRUE(has(e,
+                  "was written at --tp 1; this run's --tp 4 cannot split tensor "
+                  "'layer0.attn.qkv.weight' [6, 2] (rows 2,2,2): its rows' section 0 (2 rows) "
+                  "is not a multiple of 4"))
+      << e;
+
+  ParamStore ps;
+  ps.add(ParamSpec{
+      "embedding.token", {8, 4}, ParamInit::kNormal, 0.02f, true, false, TpSplit::kRows, {}});
+  ps.add(ParamSpec{"layer0.ln1.weight", {4}, ParamInit::kOnes, 0, false, true, TpSplit::kNone, {}});
+  EXPECT_NO_THROW(check_tensor_parallel_params(ps, 2));
+  ps.add(ParamSpec{
+      "layer0.attn.qkv.bias", {6}, ParamInit::kZeros, 0, false, false, TpSplit::kNone, {}});
+  EXPECT_NO_THROW(check_tensor_parallel_params(ps, 1));
+  EXPECT_TRUE(has(usage_error([&] { check_tensor_parallel_params(ps, 2); }),
+                  "parameter 'layer0.attn.qkv.bias' differs on every tensor-parallel rank"));
 }
 
 }  // namespace

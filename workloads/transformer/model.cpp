@@ -75,8 +75,12 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
   if (shape_.position == PositionKind::kLearned)
     wpe_ = add_param("embedding.position", {shape_.seq, C}, ParamInit::kNormal, 0.02f, true);
   // A weight or bias the shape leaves out stays -1.
-  auto add_if = [&](bool present, std::string name, std::vector<int64_t> dims, ParamInit init) {
-    return present ? add_param(std::move(name), std::move(dims), init, 0, false) : ParamId{-1};
+  // The column-parallel biases split as their weight's rows (a checkpoint puts them together).
+  auto add_if = [&](bool present, std::string name, std::vector<int64_t> dims, ParamInit init,
+                    TpSplit split = TpSplit::kNone, std::vector<int64_t> sections = {}) {
+    return present ? add_param(std::move(name), std::move(dims), init, 0, false, split,
+                               std::move(sections))
+                   : ParamId{-1};
   };
   for (int64_t l = 0; l < L; ++l) {
     const std::string n = "layer" + std::to_string(l) + ".";
@@ -85,7 +89,8 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
     p.ln1_beta = add_if(ln, n + "ln1.bias", {C}, ParamInit::kZeros);
     p.qkv_weight = add_param(n + "attn.qkv.weight", {W, C}, ParamInit::kNormal, 0.02f, true,
                              TpSplit::kRows, qkv_sections);
-    p.qkv_bias = add_if(bias, n + "attn.qkv.bias", {W}, ParamInit::kZeros);
+    p.qkv_bias =
+        add_if(bias, n + "attn.qkv.bias", {W}, ParamInit::kZeros, TpSplit::kRows, qkv_sections);
     p.proj_weight = add_param(n + "attn.proj.weight", {C, A}, ParamInit::kNormal, out_std, true,
                               TpSplit::kCols);
     p.proj_bias = add_if(bias, n + "attn.proj.bias", {C}, ParamInit::kZeros);
@@ -93,7 +98,8 @@ Transformer::Transformer(const Context& ctx, const TransformerShape& shape, int 
     p.ln2_beta = add_if(ln, n + "ln2.bias", {C}, ParamInit::kZeros);
     p.fc1_weight = add_param(n + "mlp.fc1.weight", {F1, C}, ParamInit::kNormal, 0.02f, true,
                              TpSplit::kRows, fc1_sections);
-    p.fc1_bias = add_if(bias, n + "mlp.fc1.bias", {F1}, ParamInit::kZeros);
+    p.fc1_bias =
+        add_if(bias, n + "mlp.fc1.bias", {F1}, ParamInit::kZeros, TpSplit::kRows, fc1_sections);
     p.fc2_weight =
         add_param(n + "mlp.fc2.weight", {C, F}, ParamInit::kNormal, out_std, true, TpSplit::kCols);
     p.fc2_bias = add_if(bias, n + "mlp.fc2.bias", {C}, ParamInit::kZeros);

@@ -8,16 +8,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/data/batch_stream.h"
+#include "common/data/prefetch_ring.h"
 #include "workloads/unet/latent_file.h"
 
 namespace replay::unet {
@@ -62,42 +58,21 @@ class LatentStream {
 
   const LatentFileInfo& info() const { return file_.info(); }
   int64_t num_samples() const { return num_samples_; }
-  int64_t delivered() const;  // batches handed out by next()
-  int64_t stalls() const;     // next() calls that had to wait for the prefetch thread
+  int64_t delivered() const;     // batches handed out by next()
+  int64_t stalls() const;        // next() calls that had to wait for the prefetch thread
+  double stall_seconds() const;  // the time they waited
 
  private:
-  struct PinnedFree {
-    void operator()(uint16_t* p) const { cudaFreeHost(p); }
-  };
-  struct EventDestroy {
-    void operator()(CUevent_st* e) const { cudaEventDestroy(e); }
-  };
-  struct Slot {
-    std::vector<uint16_t> host;                        // host_only
-    std::unique_ptr<uint16_t, PinnedFree> pinned;      // otherwise
-    std::unique_ptr<CUevent_st, EventDestroy> copied;  // recorded after the slot's copies
-    uint16_t* data = nullptr;                          // moments then text
-  };
-
-  void start();
-  void stop();
-  void prefetch_loop();
+  void fill(int64_t b, void* slot);  // the ring's prefetch thread: batch b since the last start
 
   LatentFile file_;  // read only by the prefetch thread once it runs
   LatentStreamOptions options_;
   int64_t batch_, moment_elements_, text_elements_, num_samples_;
-  int device_ = -1;
-  std::vector<Slot> slots_;
-
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  int64_t first_ = 0;     // the order's index of batch 0 of the ring (seek)
-  int64_t produced_ = 0;  // batches [0, produced_) are in the ring or delivered
-  int64_t consumed_ = 0;  // batches [0, consumed_) have had their copies issued
-  int64_t stalls_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;  // the prefetch thread's failure at batch produced_
-  std::thread thread_;
+  // The prefetch thread's own (changed only while it is stopped: seek).
+  data::BatchOrder order_;
+  std::vector<int64_t> rows_;
+  int64_t first_ = 0;        // the order's index of the ring's batch 0 (seek)
+  data::PrefetchRing ring_;  // last: destroyed first, its thread stopped before the rest goes
 };
 
 }  // namespace replay::unet

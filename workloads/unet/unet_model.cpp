@@ -72,7 +72,13 @@ std::string UnetConfig::describe() const {
                 ", context %" PRId64 "x%" PRId64 ", batch %" PRId64 ", %s",
                 base, m.c_str(), a.c_str(), res_blocks, groups, head_dim, latent_channels, latent,
                 latent, context_len, context_dim, batch, dtype_name(dtype));
-  return buf;
+  std::string r = buf;
+  if (recompute_norms || recompute_geglu)
+    r += std::string(", recomputed in the backward: ") + (recompute_norms && recompute_geglu
+                                                              ? "norms, GEGLU"
+                                                          : recompute_norms ? "norms"
+                                                                            : "GEGLU");
+  return r;
 }
 
 // ---- The tape -----------------------------------------------------------------------------------
@@ -91,9 +97,22 @@ struct Tensor {
   BufferId id = -1, gid = -1;
   void* data = nullptr;
   void* gdata = nullptr;
+  // Recomputed (UnetConfig::recompute_*): the forward's buffer lives only until the last forward
+  // reader; the backward reads a second buffer that its producer's forward kernel fills again,
+  // from the same inputs, just before the first backward reader runs.
+  bool recompute = false;
+  int rbegin = INT_MAX, rend = -1;  // the second buffer's lifetime
+  // The gradient is written over the data (one buffer): the node that reads the data last writes
+  // the gradient first, in place (GEGLU's backward: din may alias in).
+  bool grad_in_place = false;
+  BufferId rid = -1;
+  void* rdata = nullptr;
   int64_t numel() const { return rows * cols; }
   TensorView view() const { return TensorView(data, dtype, {numel()}); }
   TensorView gview() const { return TensorView(gdata, dtype, {numel()}); }
+  TensorView rview() const { return TensorView(rdata, dtype, {numel()}); }
+  // What a backward reads: the saved bytes, or the recomputed ones.
+  void* bdata() const { return recompute ? rdata : data; }
 };
 
 }  // namespace
@@ -179,12 +198,13 @@ struct UnetModel::Impl {
   // Workspaces (whole step) and their sizes.
   size_t gemm_ws_bytes = 0, conv_ws_bytes = 0, attn_ws_bytes = 0, gn_ws_bytes = 0,
          bias_ws_bytes = 0, cbias_ws_bytes = 0, loss_ws_bytes = 0;
-  int64_t scratch_elements = 0, dw16_elements = 0;
-  BufferId gemm_ws_id = -1, conv_ws_id = -1, attn_ws_id = -1, gn_ws_id = -1, bias_ws_id = -1,
-           cbias_ws_id = -1, loss_ws_id = -1, scratch_id = -1, dw16_id = -1, table_id = -1;
-  void *gemm_ws = nullptr, *conv_ws = nullptr, *attn_ws = nullptr, *gn_ws = nullptr,
-       *bias_ws = nullptr, *cbias_ws = nullptr, *loss_ws = nullptr, *scratch = nullptr,
-       *dw16 = nullptr;
+  int64_t scratch_elements = 0, dw16_elements = 0, rstats_elements = 0;
+  BufferId rstats_id = -1;  // a recomputed norm's mean and rstd (equal to the saved ones)
+  float* rstats = nullptr;
+  BufferId gemm_ws_id = -1, conv_ws_id = -1, gn_ws_id = -1, bias_ws_id = -1, cbias_ws_id = -1,
+           loss_ws_id = -1, scratch_id = -1, dw16_id = -1, table_id = -1;
+  void *gemm_ws = nullptr, *conv_ws = nullptr, *gn_ws = nullptr, *bias_ws = nullptr,
+       *cbias_ws = nullptr, *loss_ws = nullptr, *scratch = nullptr, *dw16 = nullptr;
   float* table = nullptr;
   void* host = nullptr;                     // the training split, pinned: moments then text
   std::unique_ptr<LatentStream> stream;     // UnetData::stream: the batches read ahead instead
@@ -193,6 +213,12 @@ struct UnetModel::Impl {
   int64_t next_batch = 0;
   double flops = 0;
   std::unique_ptr<OpTimer> timer;  // --op-times only
+  // --poison-dead-buffers: after each phase, the buffers whose lifetime ended there, filled with
+  // 0xFF bytes (NaN in every float type). Built on the first use, after bind().
+  bool poison = false;
+  std::vector<std::vector<std::pair<void*, size_t>>> dead_after;  // by phase
+  void poison_after(int phase, cudaStream_t s);
+  void recompute_for(Node& n, cudaStream_t s);  // n's recomputes, before its backward
 
   int tensor(const std::string& name, DType dtype, int64_t rows, int64_t cols, bool grad) {
     Tensor t;
@@ -201,12 +227,16 @@ struct UnetModel::Impl {
     return static_cast<int>(tensors.size()) - 1;
   }
   Tensor& T(int id) { return tensors[static_cast<size_t>(id)]; }
-  int fwd_phase(int b) const { return b + 1; }
-  int bwd_phase(int b) const {
-    const int B = static_cast<int>(blocks.size());
-    return b == B ? B + 1 : 2 * B + 1 - b;
-  }
-  int optimizer_phase() const { return 2 * static_cast<int>(blocks.size()) + 2; }
+  // The step's phases, one per node and direction, in the order they run: node k's forward is
+  // phase k + 1, the backward runs the nodes in reverse (node k's backward is phase 2K - k, the
+  // loss node's forward and backward the middle two), then the optimizer (2K + 1). Buffers live
+  // from the phase that writes them to the last that reads them, so the arena shares memory
+  // between any two never live together, within a block as well as across blocks.
+  int node_count() const { return static_cast<int>(nodes.size()); }
+  int fwd_phase(int node) const { return node + 1; }
+  int bwd_phase(int node) const { return 2 * node_count() - node; }
+  int optimizer_phase() const { return 2 * node_count() + 1; }
+  std::string phase_name(int p) const;
   void add_node(std::unique_ptr<Node> n);
   void finish();
   void build();
@@ -220,14 +250,53 @@ struct Node {
   virtual ~Node() = default;
   std::string name;
   int block = 0;
+  int index = 0;  // in the node list: its phases are fwd_phase(index) and bwd_phase(index)
   std::vector<int> ins, outs, bwd_reads;
   std::vector<bool> acc;
+  std::vector<int> recomputes;  // tensors recomputed just before this node's backward
   train::ParamId p_first = -1, p_last = -1;
   OpClass op_class = OpClass::kPointwise;  // --op-times
   virtual void forward(UnetModel::Impl& m, cudaStream_t s) = 0;
   virtual void backward(UnetModel::Impl& m, cudaStream_t s) = 0;
+  // Writes outs[0] again into its recompute buffer: the forward's kernel on the same inputs.
+  virtual bool recomputable() const { return false; }
+  virtual void recompute(UnetModel::Impl&, cudaStream_t) {}
   virtual double flops() const { return 0; }  // forward and backward
 };
+
+void UnetModel::Impl::poison_after(int phase, cudaStream_t s) {
+  if (dead_after.empty()) {
+    dead_after.resize(static_cast<size_t>(optimizer_phase() + 1));
+    auto add = [this](int end, void* ptr, int64_t numel, DType dtype) {
+      if (ptr == nullptr || end < 1 || end > optimizer_phase()) return;
+      dead_after[static_cast<size_t>(end)].emplace_back(
+          ptr, static_cast<size_t>(numel) * dtype_size(dtype));
+    };
+    for (const Tensor& t : tensors) {
+      if (!t.external) add(t.end, t.data, t.numel(), t.dtype);
+      if (t.gid >= 0) add(t.gend, t.gdata, t.numel(), t.dtype);
+      if (t.rid >= 0) add(t.rend, t.rdata, t.numel(), t.dtype);
+    }
+  }
+  for (const auto& [ptr, bytes] : dead_after[static_cast<size_t>(phase)])
+    REPLAY_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, bytes, s));
+}
+
+void UnetModel::Impl::recompute_for(Node& n, cudaStream_t s) {
+  for (int t : n.recomputes) {
+    Node& p = *nodes[static_cast<size_t>(T(t).producer)];
+    p.recompute(*this, s);
+    if (timer) timer->mark(static_cast<int>(p.op_class), s);
+  }
+}
+
+std::string UnetModel::Impl::phase_name(int p) const {
+  const int K = node_count();
+  if (p == optimizer_phase()) return "optimizer";
+  if (p >= 1 && p <= K) return nodes[static_cast<size_t>(p - 1)]->name + ".fwd";
+  if (p > K && p <= 2 * K) return nodes[static_cast<size_t>(2 * K - p)]->name + ".bwd";
+  return p == Lifetime::kForever ? "end" : "phase " + std::to_string(p);
+}
 
 namespace {
 
@@ -270,6 +339,12 @@ void pass_grad(Impl& m, const Node& n, size_t i, const void* dy, cudaStream_t s)
   }
 }
 
+// The deterministic attention backward's workspace, about B x heads x Sq x Skv x 2 bytes (5122.5
+// MiB measured for SD2's largest at 32 images against 5120 estimated).
+size_t attention_backward_workspace_estimate(const AttentionDesc& d) {
+  return static_cast<size_t>(d.batch * d.heads_q * d.seq_q * d.kv_len() * 2);
+}
+
 struct ConvNode : Node {
   ConvDesc d;
   const ConvPlan *fwd = nullptr, *dgrad = nullptr, *wgrad = nullptr;
@@ -286,7 +361,7 @@ struct ConvNode : Node {
   void backward(Impl& m, cudaStream_t s) override {
     const void* dy = m.T(outs[0]).gdata;
     ConvArgs wa;
-    wa.dy = dy, wa.x = m.T(ins[0]).data, wa.dw = fp32_dw ? static_cast<void*>(G(m, w)) : m.dw16;
+    wa.dy = dy, wa.x = m.T(ins[0]).bdata(), wa.dw = fp32_dw ? static_cast<void*>(G(m, w)) : m.dw16;
     wgrad->execute(*m.ctx, s, wa, m.conv_ws, m.conv_ws_bytes);
     if (!fp32_dw) to_float(d.dtype, G(m, w), m.dw16, d.w_elements(), s);
     conv_bias_grad(d.dtype, G(m, b), dy, d.batch * d.out_height() * d.out_width(), d.out_channels,
@@ -314,15 +389,26 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
     c.batch = std::min(kChunk, shape.batch - first);
     return c;
   }
-  void forward(Impl& m, cudaStream_t s) override {
+  void run_forward(Impl& m, void* y, float* mean, float* rstd, cudaStream_t s) const {
     const int64_t row = shape.pixels * shape.channels * 2;  // bytes of one sample
     for (int64_t n = 0; n < shape.batch; n += kChunk) {
-      group_norm_forward(m.config.dtype, static_cast<char*>(m.T(outs[0]).data) + n * row,
-                         static_cast<float*>(m.T(outs[1]).data) + n * shape.groups,
-                         static_cast<float*>(m.T(outs[2]).data) + n * shape.groups,
+      group_norm_forward(m.config.dtype, static_cast<char*>(y) + n * row, mean + n * shape.groups,
+                         rstd + n * shape.groups,
                          static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma),
                          W(m, beta), chunk(n), eps, act, m.gn_ws, m.gn_ws_bytes, s);
     }
+  }
+  void forward(Impl& m, cudaStream_t s) override {
+    run_forward(m, m.T(outs[0]).data, static_cast<float*>(m.T(outs[1]).data),
+                static_cast<float*>(m.T(outs[2]).data), s);
+  }
+  // The same launches on the same x, gamma and beta: the same y, bit for bit (the statistics,
+  // equal to the saved ones, go to a scratch).
+  bool recomputable() const override { return true; }
+  void recompute(Impl& m, cudaStream_t s) override {
+    const int64_t stats = shape.batch * shape.groups;
+    REPLAY_REQUIRE(2 * stats <= m.rstats_elements, name + ": recompute statistics scratch");
+    run_forward(m, m.T(outs[0]).rdata, m.rstats, m.rstats + stats, s);
   }
   void backward(Impl& m, cudaStream_t s) override {
     const int64_t row = shape.pixels * shape.channels * 2;
@@ -330,7 +416,7 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
       group_norm_backward(
           m.config.dtype, static_cast<char*>(m.T(ins[0]).gdata) + n * row, G(m, gamma), G(m, beta),
           static_cast<const char*>(m.T(outs[0]).gdata) + n * row,
-          static_cast<const char*>(m.T(ins[0]).data) + n * row, W(m, gamma), W(m, beta),
+          static_cast<const char*>(m.T(ins[0]).bdata()) + n * row, W(m, gamma), W(m, beta),
           static_cast<const float*>(m.T(outs[1]).data) + n * shape.groups,
           static_cast<const float*>(m.T(outs[2]).data) + n * shape.groups, chunk(n), act, acc[0],
           n > 0, m.gn_ws, m.gn_ws_bytes, s);
@@ -356,7 +442,7 @@ struct LinearNode : Node {
   void backward(Impl& m, cudaStream_t s) override {
     const void* dy = m.T(outs[0]).gdata;
     GemmArgs wa;  // dW = dY^T X, db = column sums of dY
-    wa.a = dy, wa.b = m.T(ins[0]).data, wa.d = G(m, w);
+    wa.a = dy, wa.b = m.T(ins[0]).bdata(), wa.d = G(m, w);
     if (b >= 0) wa.bias_grad = G(m, b);
     run(m, wgrad, wa, s);
     if (!m.T(ins[0]).grad) return;
@@ -376,7 +462,7 @@ struct SiluNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     Tensor& x = m.T(ins[0]);
-    silu_backward(x.dtype, x.gdata, m.T(outs[0]).gdata, x.data, x.numel(), acc[0], s);
+    silu_backward(x.dtype, x.gdata, m.T(outs[0]).gdata, x.bdata(), x.numel(), acc[0], s);
   }
 };
 
@@ -438,18 +524,30 @@ struct AttentionNode : Node {
   const AttentionPlan* plan = nullptr;
   AttentionDesc desc;
   bool fused = true;
-  void forward(Impl& m, cudaStream_t s) override {
-    plan->forward(*m.ctx, s, io(m), RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+  // Each call's own workspace, live only during that call (the deterministic backward's is about
+  // B x heads x Sq x Skv x 2 bytes: 10 GiB for SD2's 4096-token self-attention at 64 images), so
+  // the arena gives it memory other buffers use the rest of the step. Sizes from the plan; on the
+  // CPU (no plan) the backward's estimated, the forward's 0.
+  size_t ws_fwd_bytes = 0, ws_bwd_bytes = 0;
+  BufferId ws_fwd_id = -1, ws_bwd_id = -1;
+  void *ws_fwd = nullptr, *ws_bwd = nullptr;
+  TensorView workspace_view(bool backward) const {
+    return backward ? TensorView(ws_bwd, DType::kUINT8, {static_cast<int64_t>(ws_bwd_bytes)})
+                    : TensorView(ws_fwd, DType::kUINT8, {static_cast<int64_t>(ws_fwd_bytes)});
   }
-  AttentionIO io(Impl& m) const {
+  void forward(Impl& m, cudaStream_t s) override {
+    plan->forward(*m.ctx, s, io(m, false), RngArgs{}, ws_fwd, ws_fwd_bytes);
+  }
+  AttentionIO io(Impl& m, bool backward) const {
     const AttentionDesc& d = plan->desc();
+    auto data = [&m, backward](int t) { return backward ? m.T(t).bdata() : m.T(t).data; };
     AttentionIO a;
-    a.o = m.T(outs[0]).data, a.stats = static_cast<float*>(m.T(outs[1]).data);
+    a.o = data(outs[0]), a.stats = static_cast<float*>(m.T(outs[1]).data);
     if (fused) {
-      char* qkv = static_cast<char*>(m.T(ins[0]).data);
+      char* qkv = static_cast<char*>(data(ins[0]));
       a.q = qkv, a.k = qkv + d.k_offset() * 2, a.v = qkv + d.v_offset() * 2;
     } else {
-      a.q = m.T(ins[0]).data, a.k = m.T(ins[1]).data, a.v = m.T(ins[2]).data;
+      a.q = data(ins[0]), a.k = data(ins[1]), a.v = data(ins[2]);
     }
     return a;
   }
@@ -465,7 +563,7 @@ struct AttentionNode : Node {
     } else {
       g.dq = m.T(ins[0]).gdata, g.dk = m.T(ins[1]).gdata, g.dv = m.T(ins[2]).gdata;
     }
-    plan->backward(*m.ctx, s, io(m), g, RngArgs{}, m.attn_ws, m.attn_ws_bytes);
+    plan->backward(*m.ctx, s, io(m, true), g, RngArgs{}, ws_bwd, ws_bwd_bytes);
   }
   double flops() const override {
     const AttentionDesc& d = desc;
@@ -483,8 +581,13 @@ struct GegluNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     REPLAY_REQUIRE(!acc[0], name + ": the GEGLU projection is read once");
-    geglu_backward(m.config.dtype, m.T(ins[0]).gdata, m.T(outs[0]).gdata, m.T(ins[0]).data, rows, f,
-                   s);
+    geglu_backward(m.config.dtype, m.T(ins[0]).gdata, m.T(outs[0]).gdata, m.T(ins[0]).bdata(), rows,
+                   f, s);
+  }
+  // The same kernel on the same projection: the same output, bit for bit.
+  bool recomputable() const override { return true; }
+  void recompute(Impl& m, cudaStream_t s) override {
+    geglu_forward(m.config.dtype, m.T(outs[0]).rdata, m.T(ins[0]).data, rows, f, s);
   }
 };
 
@@ -522,8 +625,8 @@ struct LossNode : Node {
   }
   void backward(Impl& m, cudaStream_t s) override {
     Tensor& p = m.T(ins[0]);
-    mse_loss_backward(m.config.dtype, p.gdata, p.data, static_cast<const float*>(m.T(ins[1]).data),
-                      m.io.loss_scale, shape, s);
+    mse_loss_backward(m.config.dtype, p.gdata, p.bdata(),
+                      static_cast<const float*>(m.T(ins[1]).data), m.io.loss_scale, shape, s);
     if (m.overflow_at >= 0) poison_at(m.config.dtype, p.gdata, m.iteration, m.overflow_at, s);
   }
 };
@@ -566,6 +669,7 @@ struct Builder {
     d.kernel = kernel, d.stride = stride, d.padding = kernel / 2, d.dtype = dt, d.bias = true;
     const int y = m.tensor(name, dt, N * d.out_height() * d.out_width(), cout, true);
     auto* n = node<ConvNode>(name, {x}, {y});
+    n->bwd_reads = {x};  // the weight gradient reads the input
     n->d = d;
     n->w = param(name + ".weight", {cout, kernel, kernel, cin},
                  zero ? train::ParamInit::kZeros : train::ParamInit::kNormal,
@@ -689,7 +793,13 @@ struct Builder {
     n->fused = fused;
     d.validate();
     n->desc = d;
-    if (m.ctx) n->plan = &m.attention.get(*m.ctx, d);
+    if (m.ctx) {
+      n->plan = &m.attention.get(*m.ctx, d);
+      n->ws_fwd_bytes = n->plan->forward_workspace_bytes();
+      n->ws_bwd_bytes = n->plan->backward_workspace_bytes();
+    } else {
+      n->ws_bwd_bytes = attention_backward_workspace_estimate(d);
+    }
     return o;
   }
 
@@ -718,6 +828,7 @@ struct Builder {
     const int ff = m.tensor(b + ".ff.geglu", dt, rows, 4 * C, true);
     auto* gg = node<GegluNode>(b + ".ff.geglu", {proj}, {ff});
     gg->bwd_reads = {proj};
+    m.T(proj).grad_in_place = true;  // d(proj) over proj: geglu_backward reads before it writes
     gg->rows = rows, gg->f = static_cast<int>(4 * C);
     a = linear(b + ".ff.net.2", ff, 4 * C, C, true);
     h = sum(b + ".ff.residual", h, a);
@@ -730,6 +841,7 @@ struct Builder {
 
 void UnetModel::Impl::add_node(std::unique_ptr<Node> n) {
   n->block = block;
+  n->index = static_cast<int>(nodes.size());
   const int id = static_cast<int>(nodes.size());
   for (int o : n->outs) {
     REPLAY_REQUIRE(T(o).producer < 0, "tensor " + T(o).name + " written twice");
@@ -847,28 +959,43 @@ void UnetModel::Impl::build() {
 
 // Lifetimes and the write-or-add decision of every gradient, from the node list.
 void UnetModel::Impl::finish() {
+  for (auto& n : nodes) {
+    const bool norm = dynamic_cast<const GroupNormNode*>(n.get()) != nullptr;
+    const bool geglu = dynamic_cast<const GegluNode*>(n.get()) != nullptr;
+    if ((norm && config.recompute_norms) || (geglu && config.recompute_geglu)) {
+      REPLAY_REQUIRE(n->recomputable(), n->name + ": cannot be recomputed");
+      T(n->outs[0]).recompute = true;
+    }
+  }
   for (Tensor& t : tensors) {
     if (t.external) continue;
     REPLAY_REQUIRE(t.producer >= 0, "tensor " + t.name + " has no producer");
-    t.begin = t.end = fwd_phase(nodes[static_cast<size_t>(t.producer)]->block);
+    t.begin = t.end = fwd_phase(t.producer);
   }
   std::vector<bool> written(tensors.size(), false);
   for (size_t k = nodes.size(); k-- > 0;) {
     Node& n = *nodes[k];
+    const int node = static_cast<int>(k);
     for (int i : n.ins) {
       Tensor& t = T(i);
-      if (!t.external) t.end = std::max(t.end, fwd_phase(n.block));
+      if (!t.external) t.end = std::max(t.end, fwd_phase(node));
     }
     for (int i : n.bwd_reads) {
       Tensor& t = T(i);
-      if (!t.external) t.end = std::max(t.end, bwd_phase(n.block));
+      if (t.external) continue;
+      if (t.recompute) {
+        t.rbegin = std::min(t.rbegin, bwd_phase(node));
+        t.rend = std::max(t.rend, bwd_phase(node));
+      } else {
+        t.end = std::max(t.end, bwd_phase(node));
+      }
     }
     for (int o : n.outs) {
       Tensor& t = T(o);
       if (!t.grad) continue;
       REPLAY_REQUIRE(written[static_cast<size_t>(o)],
                      "node " + n.name + ": nothing writes the gradient of " + t.name);
-      t.gend = std::max(t.gend, bwd_phase(n.block));
+      t.gend = std::max(t.gend, bwd_phase(node));
     }
     n.acc.assign(n.ins.size(), false);
     for (size_t j = 0; j < n.ins.size(); ++j) {
@@ -877,8 +1004,36 @@ void UnetModel::Impl::finish() {
       if (!t.grad) continue;
       n.acc[j] = written[static_cast<size_t>(i)];
       written[static_cast<size_t>(i)] = true;
-      t.gbegin = std::min(t.gbegin, bwd_phase(n.block));
+      t.gbegin = std::min(t.gbegin, bwd_phase(node));
     }
+  }
+  // A gradient written in place over its data: the last read of the data and the first write of
+  // the gradient are the same node's backward, and one buffer lives from the forward that writes
+  // the data to the backward that reads the gradient last.
+  for (Tensor& t : tensors) {
+    if (!t.grad_in_place) continue;
+    REPLAY_REQUIRE(t.grad && !t.recompute && !t.external && t.gbegin == t.end && t.gbegin <= t.gend,
+                   t.name + ": the gradient cannot be written in place of the data");
+    t.end = t.gend;
+  }
+  // Each recomputed tensor is filled again just before its first reader's backward (in backward
+  // order), from its producer's inputs, which must still be live then.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Tensor& t = tensors[i];
+    if (!t.recompute) continue;
+    if (t.rbegin > t.rend) {  // nothing in the backward reads it
+      t.recompute = false;
+      continue;
+    }
+    nodes[static_cast<size_t>(2 * node_count() - t.rbegin)]->recomputes.push_back(
+        static_cast<int>(i));
+    const Node& p = *nodes[static_cast<size_t>(t.producer)];
+    for (int in : p.ins) {
+      REPLAY_REQUIRE(!T(in).recompute, t.name + ": recomputed from a recomputed tensor");
+      if (!T(in).external) T(in).end = std::max(T(in).end, t.rbegin);
+    }
+    if (const auto* g = dynamic_cast<const GroupNormNode*>(&p))
+      rstats_elements = std::max(rstats_elements, 2 * g->shape.batch * g->shape.groups);
   }
   flops = 0;
   for (const auto& n : nodes) flops += n->flops();
@@ -970,6 +1125,10 @@ void UnetModel::time_ops(const std::string& path) {
   m.timer = std::make_unique<OpTimer>(path, pool);
 }
 
+void UnetModel::poison_dead_buffers() {
+  impl_->poison = true;
+}
+
 void UnetModel::write_op_times() {
   OpTimer& t = *impl_->timer;
   t.collect();
@@ -1014,6 +1173,96 @@ int64_t UnetModel::parameter_count() const {
   return impl_->params.total_numel();
 }
 
+namespace {
+
+std::string gib_text(size_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// The kind of op that writes a tensor, for the memory report.
+std::string producer_kind(const Node* n) {
+  if (n == nullptr) return "input";
+  if (dynamic_cast<const ConvNode*>(n)) return "convolution";
+  if (const auto* g = dynamic_cast<const GroupNormNode*>(n))
+    return g->shape.pixels == 1
+               ? "layer_norm"
+               : (g->act == GroupNormAct::kSilu ? "group_norm+silu" : "group_norm");
+  if (dynamic_cast<const AttentionNode*>(n)) return "attention";
+  if (dynamic_cast<const LinearNode*>(n)) return "linear";
+  if (dynamic_cast<const GegluNode*>(n)) return "geglu";
+  if (dynamic_cast<const AddNode*>(n)) return "add";
+  if (dynamic_cast<const ChannelBiasNode*>(n)) return "timestep_bias";
+  if (dynamic_cast<const ConcatNode*>(n)) return "concat";
+  if (dynamic_cast<const UpsampleNode*>(n)) return "upsample";
+  if (dynamic_cast<const SiluNode*>(n)) return "silu";
+  return "diffusion";
+}
+
+// The arena's table, its peak phase and what is live there (UnetStructure::memory_report).
+void memory_report(UnetModel::Impl& m, const ArenaPlan& plan, UnetStructure& s) {
+  std::string out = plan.table(16);
+  const int last = m.optimizer_phase();
+  std::vector<size_t> live(static_cast<size_t>(last + 1), 0);
+  for (const ArenaPlan::Entry& e : plan.entries())
+    for (int p = 1; p <= last; ++p)
+      if (e.life.begin <= p && p <= e.life.end) live[static_cast<size_t>(p)] += e.bytes;
+  int peak = 1;
+  for (int p = 1; p <= last; ++p)
+    if (live[static_cast<size_t>(p)] > live[static_cast<size_t>(peak)]) peak = p;
+  s.peak_live_bytes = live[static_cast<size_t>(peak)];
+  s.peak_phase = m.phase_name(peak);
+  auto alive = [peak](const Lifetime& l) { return l.begin <= peak && peak <= l.end; };
+  char line[240];
+  std::snprintf(line, sizeof(line),
+                "peak: %s live at phase %d of %d (%s); the arena is %s (%.1f%% over the live "
+                "bytes)\n",
+                gib_text(s.peak_live_bytes).c_str(), peak, last, s.peak_phase.c_str(),
+                gib_text(plan.total_bytes()).c_str(),
+                100.0 * (static_cast<double>(plan.total_bytes()) /
+                             static_cast<double>(std::max<size_t>(s.peak_live_bytes, 1)) -
+                         1.0));
+  out += line;
+  std::map<std::string, size_t> groups, kinds;
+  for (const ArenaPlan::Entry& e : plan.entries())
+    if (alive(e.life)) groups[e.group] += e.bytes;
+  for (const Tensor& t : m.tensors) {
+    const Node* n = t.producer >= 0 ? m.nodes[static_cast<size_t>(t.producer)].get() : nullptr;
+    if (t.id >= 0 && alive(plan.entry(t.id).life))
+      kinds["saved " + producer_kind(n)] += plan.entry(t.id).bytes;
+    if (t.gid >= 0 && alive(plan.entry(t.gid).life))
+      kinds["gradient of " + producer_kind(n)] += plan.entry(t.gid).bytes;
+  }
+  out += "live at the peak, by group:\n";
+  for (const auto& [g, b] : groups) {
+    std::snprintf(line, sizeof(line), "  %-28s %12s\n", g.c_str(), gib_text(b).c_str());
+    out += line;
+  }
+  out += "live activations and gradients at the peak, by the op that wrote them:\n";
+  std::vector<std::pair<size_t, std::string>> sorted;
+  for (const auto& [k, b] : kinds) sorted.emplace_back(b, k);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (const auto& [b, k] : sorted) {
+    std::snprintf(line, sizeof(line), "  %-28s %12s\n", k.c_str(), gib_text(b).c_str());
+    out += line;
+  }
+  std::vector<const ArenaPlan::Entry*> big;
+  for (const ArenaPlan::Entry& e : plan.entries())
+    if (alive(e.life) && e.life.end != Lifetime::kForever) big.push_back(&e);
+  std::sort(big.begin(), big.end(), [](auto* a, auto* b) { return a->bytes > b->bytes; });
+  out += "largest live buffers at the peak (lifetime):\n";
+  for (size_t i = 0; i < big.size() && i < 12; ++i) {
+    std::snprintf(line, sizeof(line), "  %-56.56s %10s  %s .. %s\n", big[i]->name.c_str(),
+                  gib_text(big[i]->bytes).c_str(), m.phase_name(big[i]->life.begin).c_str(),
+                  m.phase_name(big[i]->life.end).c_str());
+    out += line;
+  }
+  s.memory_report = out;
+}
+
+}  // namespace
+
 UnetStructure unet_structure(const UnetConfig& config) {
   config.validate();
   UnetModel::Impl m(nullptr, config, nullptr, -1);
@@ -1034,26 +1283,41 @@ UnetStructure unet_structure(const UnetConfig& config) {
   m.plan_buffers(plan);
   plan.plan();
   s.arena_bytes = plan.total_bytes();
+  memory_report(m, plan, s);
+  for (size_t k = 0; k < m.nodes.size(); ++k)
+    if (const auto* c = dynamic_cast<const ConvNode*>(m.nodes[k].get())) {
+      const Tensor& x = m.T(c->ins[0]);
+      const int bwd = m.bwd_phase(static_cast<int>(k));
+      const bool saved = x.recompute ? x.rbegin <= bwd && bwd <= x.rend : x.end >= bwd;
+      if (!x.external && !saved) s.conv_inputs_dead_at_backward += 1;
+    }
+  const std::vector<ArenaPlan::Entry>& es = plan.entries();
+  for (size_t i = 0; i < es.size(); ++i)
+    for (size_t j = i + 1; j < es.size(); ++j)
+      if (es[i].bytes > 0 && es[j].bytes > 0 && es[i].life.overlaps(es[j].life) &&
+          es[i].offset < es[j].offset + es[j].bytes && es[j].offset < es[i].offset + es[i].bytes)
+        s.overlapping_live_pairs += 1;
   for (const auto& n : m.nodes)
     if (const auto* a = dynamic_cast<const AttentionNode*>(n.get())) {
       const AttentionDesc& d = a->desc;
       s.attention_workspace_bytes =
-          std::max(s.attention_workspace_bytes,
-                   static_cast<size_t>(d.batch * d.heads_q * d.seq_q * d.kv_len() * 2));
+          std::max(s.attention_workspace_bytes, attention_backward_workspace_estimate(d));
     }
   return s;
 }
 
 std::string UnetModel::plan_summary() const {
-  char buf[200];
-  std::snprintf(buf, sizeof(buf),
-                "%zu convolution plans, %zu GEMM plans, %zu attention plans; workspaces: conv "
-                "%.1f MiB, GEMM %.1f MiB, attention %.1f MiB, GroupNorm %.1f MiB",
-                impl_->convs.size(), impl_->gemms->size(), impl_->attention.size(),
-                static_cast<double>(impl_->conv_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->gemm_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->attn_ws_bytes) / 1048576.0,
-                static_cast<double>(impl_->gn_ws_bytes) / 1048576.0);
+  char buf[320];
+  std::snprintf(
+      buf, sizeof(buf),
+      "%zu convolution plans, %zu GEMM plans, %zu attention plans; workspaces: conv "
+      "%.1f MiB, GEMM %.1f MiB, attention %.1f MiB (the largest; one per call), GroupNorm "
+      "%.1f MiB",
+      impl_->convs.size(), impl_->gemms->size(), impl_->attention.size(),
+      static_cast<double>(impl_->conv_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->gemm_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->attn_ws_bytes) / 1048576.0,
+      static_cast<double>(impl_->gn_ws_bytes) / 1048576.0);
   return buf;
 }
 
@@ -1067,23 +1331,35 @@ void UnetModel::Impl::plan_buffers(ArenaPlan& plan) {
   for (Tensor& t : m.tensors) {
     const Lifetime life = t.external ? Lifetime{} : Lifetime{t.begin, t.end};
     t.id = plan.add("unet." + t.name, t.dtype, t.numel(), "activations", life);
-    if (t.grad && t.gbegin <= t.gend)
+    if (t.grad && t.gbegin <= t.gend && !t.grad_in_place)
       t.gid =
           plan.add("unet.d." + t.name, t.dtype, t.numel(), "activation grads", {t.gbegin, t.gend});
+    if (t.recompute)
+      t.rid = plan.add("unet.r." + t.name, t.dtype, t.numel(), "recomputed", {t.rbegin, t.rend});
   }
-  const Lifetime step{1, 2 * static_cast<int>(m.blocks.size()) + 1};
+  const Lifetime step{1, m.optimizer_phase() - 1};
   auto ws = [&](const char* name, size_t bytes) {
     return plan.add(std::string("unet.") + name, std::max<size_t>(bytes, 256), "workspaces", step);
   };
   m.gemm_ws_id = ws("gemm_workspace", m.gemm_ws_bytes);
   m.conv_ws_id = ws("conv_workspace", m.conv_ws_bytes);
-  m.attn_ws_id = ws("attention_workspace", m.attn_ws_bytes);
+  for (auto& n : m.nodes)
+    if (auto* a = dynamic_cast<AttentionNode*>(n.get())) {
+      const int k = a->index;
+      a->ws_fwd_id = plan.add("unet.attention_workspace." + a->name + ".fwd",
+                              std::max<size_t>(a->ws_fwd_bytes, 256), "workspaces",
+                              {m.fwd_phase(k), m.fwd_phase(k)});
+      a->ws_bwd_id = plan.add("unet.attention_workspace." + a->name + ".bwd",
+                              std::max<size_t>(a->ws_bwd_bytes, 256), "workspaces",
+                              {m.bwd_phase(k), m.bwd_phase(k)});
+    }
   m.gn_ws_id = ws("group_norm_workspace", m.gn_ws_bytes);
   m.bias_ws_id = ws("bias_grad_workspace", m.bias_ws_bytes);
   m.cbias_ws_id = ws("temb_grad_workspace", m.cbias_ws_bytes);
   m.loss_ws_id = ws("loss_workspace", m.loss_ws_bytes);
   m.scratch_id = ws("grad_scratch", static_cast<size_t>(m.scratch_elements) * 2);
   m.dw16_id = ws("dw16_scratch", static_cast<size_t>(m.dw16_elements) * 2);
+  m.rstats_id = ws("recompute_stats", static_cast<size_t>(m.rstats_elements) * 4);
   m.table_id = plan.add("unet.schedule", kScheduleTableBytes, "constants");
 }
 
@@ -1093,10 +1369,19 @@ void UnetModel::bind(const Arena& arena) {
   for (Tensor& t : m.tensors) {
     t.data = arena.data(t.id);
     if (t.gid >= 0) t.gdata = arena.data(t.gid);
+    if (t.grad_in_place) t.gdata = t.data;
+    if (t.rid >= 0) t.rdata = arena.data(t.rid);
   }
+  m.rstats = arena.as<float>(m.rstats_id);
   m.gemm_ws = arena.data(m.gemm_ws_id);
   m.conv_ws = arena.data(m.conv_ws_id);
-  m.attn_ws = arena.data(m.attn_ws_id);
+  for (auto& n : m.nodes)
+    if (auto* a = dynamic_cast<AttentionNode*>(n.get())) {
+      a->ws_fwd = arena.data(a->ws_fwd_id);
+      a->ws_bwd = arena.data(a->ws_bwd_id);
+      a->ws_fwd_bytes = arena.bytes(a->ws_fwd_id);
+      a->ws_bwd_bytes = arena.bytes(a->ws_bwd_id);
+    }
   m.gn_ws = arena.data(m.gn_ws_id);
   m.bias_ws = arena.data(m.bias_ws_id);
   m.cbias_ws = arena.data(m.cbias_ws_id);
@@ -1106,7 +1391,6 @@ void UnetModel::bind(const Arena& arena) {
   m.table = arena.as<float>(m.table_id);
   m.gemm_ws_bytes = arena.bytes(m.gemm_ws_id);
   m.conv_ws_bytes = arena.bytes(m.conv_ws_id);
-  m.attn_ws_bytes = arena.bytes(m.attn_ws_id);
   m.gn_ws_bytes = arena.bytes(m.gn_ws_id);
   m.bias_ws_bytes = arena.bytes(m.bias_ws_id);
   m.cbias_ws_bytes = arena.bytes(m.cbias_ws_id);
@@ -1162,6 +1446,10 @@ std::vector<graphs::Region> UnetModel::regions() {
     for (Node* n : nodes) {
       for (int i : n->ins) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
       for (int o : n->outs) a.add(m.T(o).name, m.T(o).view(), graphs::Access::kWrite);
+      // An attention call's workspace shares memory with buffers not live during the call: a
+      // write the region must list (verify-graphs restores what the eager run wrote).
+      if (const auto* at = dynamic_cast<const AttentionNode*>(n))
+        a.add("ws." + n->name + ".fwd", at->workspace_view(false), graphs::Access::kWrite);
       if (n->p_first >= 0)
         a.add("w." + n->name, m.params.weight_range(n->p_first, n->p_last), graphs::Access::kRead);
     }
@@ -1172,7 +1460,23 @@ std::vector<graphs::Region> UnetModel::regions() {
       Node* n = *it;
       for (int o : n->outs)
         if (m.T(o).gdata) a.add("d." + m.T(o).name, m.T(o).gview(), graphs::Access::kRead);
-      for (int i : n->bwd_reads) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
+      if (const auto* at = dynamic_cast<const AttentionNode*>(n))
+        a.add("ws." + n->name + ".bwd", at->workspace_view(true), graphs::Access::kWrite);
+      for (int t : n->recomputes) {  // the producer's forward again, into the second buffer
+        const Node& p = *m.nodes[static_cast<size_t>(m.T(t).producer)];
+        for (int i : p.ins) a.add(m.T(i).name, m.T(i).view(), graphs::Access::kRead);
+        if (p.p_first >= 0)
+          a.add("w." + p.name, m.params.weight_range(p.p_first, p.p_last), graphs::Access::kRead);
+        a.add("r." + m.T(t).name, m.T(t).rview(), graphs::Access::kWrite);
+      }
+      for (int i : n->bwd_reads) {
+        const Tensor& t = m.T(i);
+        if (t.recompute) {
+          a.add("r." + t.name, t.rview(), graphs::Access::kRead);
+        } else {
+          a.add(t.name, t.view(), graphs::Access::kRead);
+        }
+      }
       for (size_t j = 0; j < n->ins.size(); ++j) {
         const Tensor& t = m.T(n->ins[j]);
         if (t.gdata)
@@ -1201,6 +1505,7 @@ std::vector<graphs::Region> UnetModel::regions() {
       for (Node* n : nodes) {
         n->forward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
     };
     r.args = [fwd_args, nodes] { return fwd_args(nodes).build(); };
@@ -1215,10 +1520,13 @@ std::vector<graphs::Region> UnetModel::regions() {
       for (Node* n : nodes) {
         n->forward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        m.recompute_for(**it, s);
         (*it)->backward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };
     r.args = [&m, fwd_args, bwd_args, nodes] {
@@ -1238,8 +1546,10 @@ std::vector<graphs::Region> UnetModel::regions() {
     r.enqueue = [&m, nodes](cudaStream_t s, const graphs::RegionArgs&) {
       if (m.timer) m.timer->mark(OpTimer::kBoundary, s);
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        m.recompute_for(**it, s);
         (*it)->backward(m, s);
         if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };
     r.args = [bwd_args, nodes] { return bwd_args(nodes, ArgSet{}).build(); };

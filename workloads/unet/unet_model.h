@@ -9,10 +9,13 @@
 // How the step is built. The model is a list of nodes (a convolution, a GroupNorm, a linear layer,
 // an attention, ...), each with a forward and a backward, over named tensors. From that list the
 // model derives, at set-up and never during a step:
-//   - every activation and gradient buffer with its lifetime in the step's phases (a block's
-//     forward, the loss, a block's backward), so the arena shares memory between buffers that are
-//     never live together (gradients are transient; activations live until their block's
-//     backward);
+//   - every activation and gradient buffer with its lifetime in the step's phases (one per node
+//     and direction: a node's forward, the loss, a node's backward), so the arena shares memory
+//     between buffers that are never live together (an activation lives from its producer's
+//     forward to the last forward or backward that reads it; a gradient from its first writer's
+//     backward to its producer's); optionally (--recompute) norm and GEGLU outputs are not kept
+//     but recomputed by the same kernels before the backward that reads them; GEGLU's input
+//     gradient is written over its input;
 //   - for each gradient, whether a node writes it or adds to it (a tensor read by several nodes:
 //     the residual stream, the skips, the shared SiLU of the timestep embedding);
 //   - the regions: one per UNet block forward ("down1.fwd") and backward ("down1.bwd"), and the
@@ -57,6 +60,12 @@ struct UnetConfig {
   int64_t context_len = 77;  // text tokens
   int64_t context_dim = 1024;
   DType dtype = DType::kFP16;
+  // Activations the backward recomputes instead of keeping (--recompute): GroupNorm(+SiLU) and
+  // LayerNorm outputs (the norm's forward kernels again, from its saved input and weights) and
+  // GEGLU outputs (the GEGLU kernel again, from the saved projection). Bit-identical either way:
+  // the same kernels on the same bytes; they trade time for memory.
+  bool recompute_norms = false;
+  bool recompute_geglu = false;
 
   int levels() const { return static_cast<int>(mult.size()); }
   int64_t channels(int level) const { return base * mult[static_cast<size_t>(level)]; }
@@ -91,11 +100,23 @@ struct UnetStructure {
   std::vector<int64_t> parameter_sizes;          // elements, same order
   std::vector<train::ParamInit> parameter_init;  // same order
   std::vector<int> nodes_per_class;  // nodes of each OpClass (--op-times), in OpClass order
-  // The arena the model plans, its buffers at their lifetimes, without the library workspaces
-  // (cuDNN, cuBLASLt: known once plans are built on a GPU), and the largest of those: the
-  // deterministic attention backward's, about B x heads x Sq x Skv x 2 bytes.
+  // The arena the model plans, its buffers at their lifetimes, with each attention call's
+  // workspace estimated (the deterministic backward's: about B x heads x Sq x Skv x 2 bytes; the
+  // forward's taken as 0) and without the other library workspaces (cuDNN's convolutions,
+  // cuBLASLt: known once plans are built on a GPU, about 50 MiB); and the largest attention
+  // workspace.
   size_t arena_bytes = 0;
   size_t attention_workspace_bytes = 0;
+  // Where the arena goes: the table by group and the largest buffers, the phase at which the most
+  // bytes are live (and the arena can be no smaller), what is live there by group and by the kind
+  // of op that wrote it, the largest live buffers with their lifetimes.
+  std::string memory_report;
+  size_t peak_live_bytes = 0;
+  std::string peak_phase;
+  // Checks of the plan: convolutions whose input is not live at their backward (the weight
+  // gradient reads it), and pairs of buffers live at the same phase that share bytes. Both 0.
+  int conv_inputs_dead_at_backward = 0;
+  int overlapping_live_pairs = 0;
 };
 UnetStructure unet_structure(const UnetConfig& config);
 
@@ -148,6 +169,13 @@ class UnetModel : public train::Model {
   // summed per OpClass, written to FILE as JSON when the model is destroyed. Call before
   // regions(); the event readback synchronizes at every load_batch.
   void time_ops(const std::string& path);
+  // --poison-dead-buffers (eager runs only; a check, not a timed run): after every node's
+  // forward and backward, the activation and gradient buffers whose planned lifetime ended there
+  // are filled with 0xFF bytes (NaN in fp16, bf16 and fp32). A backward that read a buffer past
+  // its lifetime (memory the arena may have given to another buffer) then reads NaN, and the
+  // step overflows; with a complete plan the run is bit-identical to one without. Call before
+  // regions().
+  void poison_dead_buffers();
 
   // For reports and tests.
   int block_count() const;

@@ -74,6 +74,15 @@ void UnetWorkload::add_flags(CLI::App& app) {
                  "time every op with CUDA events (eager, --graphs none only; syncs every step) "
                  "and write the time per op class (convolution, GroupNorm, attention, ...) to "
                  "this JSON file");
+  app.add_option("--recompute", recompute_,
+                 "activations the backward recomputes instead of keeping: none, geglu (GEGLU "
+                 "outputs), norms (GroupNorm and LayerNorm outputs) or all; bit-identical "
+                 "results, less memory, more time")
+      ->check(CLI::IsMember({"none", "geglu", "norms", "all"}));
+  app.add_flag("--poison-dead-buffers", poison_dead_,
+               "check the arena plan (eager, --graphs none only): fill every activation and "
+               "gradient buffer with NaN bytes once its planned lifetime ends; a complete plan "
+               "trains bit-identically");
   app.add_flag("--data-stream", data_stream_,
                "read each batch from the file ahead of the step on a prefetch thread (as the token "
                "workloads do) instead of holding the training split in pinned memory; the default "
@@ -85,6 +94,8 @@ void UnetWorkload::resolve(const train::RunFlags& flags) {
   config_ = preset_config(flags.preset);
   config_.dtype = precision_flag_ == "bf16" ? DType::kBF16 : DType::kFP16;
   if (batch_flag_ > 0) config_.batch = batch_flag_;
+  config_.recompute_norms = recompute_ == "norms" || recompute_ == "all";
+  config_.recompute_geglu = recompute_ == "geglu" || recompute_ == "all";
   try {
     config_.validate();
   } catch (const Error& e) {
@@ -100,6 +111,8 @@ void UnetWorkload::resolve(const train::RunFlags& flags) {
   if (!op_times_.empty() && flags.graphs != "none")
     throw bench::UsageError("--op-times: times eager ops; give --graphs none (a graph's nodes " +
                             std::string("cannot be timed one by one with events)"));
+  if (poison_dead_ && flags.graphs != "none")
+    throw bench::UsageError("--poison-dead-buffers: checks eager steps; give --graphs none");
   // The generated data: enough training samples for the batch, at least 64.
   data_samples_ = std::max<int64_t>(64, 2 * config_.batch + 16);
 }
@@ -122,7 +135,8 @@ nlohmann::ordered_json UnetWorkload::config() const {
           {"prediction", "v"},
           {"timesteps", kTrainTimesteps},
           {"overflow_at", overflow_at_},
-          {"skip_mode", skip_mode_}};
+          {"skip_mode", skip_mode_},
+          {"recompute", recompute_}};
 }
 
 std::string UnetWorkload::precision() const {
@@ -212,6 +226,10 @@ std::unique_ptr<train::Model> UnetWorkload::build(Context& ctx, const train::Tra
   REPLAY_REQUIRE(data_ != nullptr, "UnetWorkload::build before open_data");
   auto m = std::make_unique<UnetModel>(ctx, config_, data_, overflow_at_, flags.seed);
   std::fprintf(out, "# plans: %s\n", m->plan_summary().c_str());
+  if (poison_dead_) {
+    m->poison_dead_buffers();
+    std::fprintf(out, "# poison: every buffer filled with NaN bytes when its lifetime ends\n");
+  }
   if (!op_times_.empty()) {
     m->time_ops(op_times_);
     std::fprintf(out, "# op times: every op timed with CUDA events (syncs every step), to %s\n",

@@ -50,6 +50,8 @@ class UnetWorkload : public train::Workload {
   std::string skip_mode_ = "noop";  // --skip-mode: how an overflow step skips the update
   std::string op_times_;            // --op-times FILE
   bool data_stream_ = false;        // --data-stream
+  bool poison_dead_ = false;        // --poison-dead-buffers
+  std::string recompute_ = "none";  // --recompute
   std::string preset_;
   UnetConfig config_;
   int64_t data_samples_ = 0;  // the generated file's samples

@@ -14,6 +14,12 @@
 //   32768, and all six runs agree bit for bit (the IF node changes nothing but what is launched).
 // - UnetDataStream: --data-stream (batches read ahead by a prefetch thread) trains bit-identically
 //   to the training split held in pinned memory, eager and in full mode.
+// - UnetLifetimes: --poison-dead-buffers (every activation and gradient buffer filled with NaN
+//   bytes once its planned lifetime ends) trains bit-identically to a plain eager run, with no
+//   overflow: no op reads a buffer past the lifetime the arena plan gave it.
+// - UnetRecompute: --recompute all (GroupNorm, LayerNorm and GEGLU outputs recomputed in the
+//   backward by the forward's kernels) trains bit-identically to keeping them, eager and in one
+//   graph, and with the dead buffers poisoned.
 // - UnetOpTimes: --op-times in eager mode writes a time per op class; convolutions, GroupNorm,
 //   attention and linear layers all took time, and their calls per step match the tiny model.
 #include <gtest/gtest.h>
@@ -207,6 +213,43 @@ TEST(UnetDataStream, StreamedBatchesTrainBitIdenticallyToHeldOnes) {
     EXPECT_NE(streamed.output.find("streamed"), std::string::npos) << streamed.output;
     expect_identical(held, streamed, mode + " streamed vs held");
   }
+}
+
+TEST(UnetLifetimes, PoisoningEveryDeadBufferChangesNothing) {
+  for (const char* precision : {"fp16", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::vector<std::string> args = {"--steps", "4",           "--log-interval",
+                                           "1",       "--precision", precision};
+    const TinyRun plain = run_mode("none", args);
+    std::vector<std::string> poison = args;
+    poison.push_back("--poison-dead-buffers");
+    const TinyRun poisoned = run_mode("none", poison);
+    EXPECT_NE(poisoned.output.find("# poison:"), std::string::npos) << poisoned.output;
+    for (float l : poisoned.result.report.losses) EXPECT_TRUE(std::isfinite(l)) << l;
+    for (double s : scales(poisoned.output)) EXPECT_EQ(s, 65536.0) << "a step overflowed";
+    expect_identical(plain, poisoned, std::string(precision) + " poisoned vs plain");
+  }
+}
+
+TEST(UnetRecompute, RecomputedActivationsTrainBitIdentically) {
+  const std::vector<std::string> args = {"--steps", "4", "--log-interval", "1"};
+  const TinyRun kept = run_mode("none", args);
+  for (const char* what : {"geglu", "norms", "all"}) {
+    SCOPED_TRACE(what);
+    std::vector<std::string> r = args;
+    r.insert(r.end(), {"--recompute", what});
+    expect_identical(kept, run_mode("none", r), std::string("eager, --recompute ") + what);
+  }
+  std::vector<std::string> all = args;
+  all.insert(all.end(), {"--recompute", "all"});
+  const TinyRun full = run_mode("full", all);
+  expect_identical(kept, full, "full, --recompute all");
+  const TinyRun layer = run_mode("layer", all);
+  expect_identical(kept, layer, "layer, --recompute all");
+  all.push_back("--poison-dead-buffers");
+  const TinyRun poisoned = run_mode("none", all);
+  for (double s : scales(poisoned.output)) EXPECT_EQ(s, 65536.0) << "a step overflowed";
+  expect_identical(kept, poisoned, "eager, --recompute all, poisoned");
 }
 
 // The number after "key": in the op-times file's line for `op` (-1 when absent).
