@@ -1311,6 +1311,32 @@ def model_backend(cfg):
                          qkv[:, :, hq + hkv:].transpose(1, 2), WORKLOADS[cfg["workload"]]["enable_gqa"])
 
 
+def timed_steps(steps, first, load, graph, static_loss, trainer, static_tokens):
+    """`steps` timed steps (batches first, first + 1, ...), each between its own pair of events, read
+    after the run; the host does not wait for the device, so the times include any gap the host leaves
+    between launches. Replays `graph` (its loss in `static_loss`) when there is one, else runs
+    trainer.step eagerly. Returns (step ms, host enqueue us, the losses as a device tensor)."""
+    import torch
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(steps)]
+    losses = torch.empty(steps, dtype=torch.float32, device="cuda")
+    host_us = []
+    for i, (start, end) in enumerate(events):
+        t0 = time.perf_counter()
+        start.record()
+        load(first + i)
+        if graph is not None:
+            graph.replay()
+            loss = static_loss
+        else:
+            loss, _ = trainer.step(static_tokens)
+        end.record()
+        host_us.append((time.perf_counter() - t0) * 1e6)
+        losses[i].copy_(loss)
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events], host_us, losses
+
+
 def run_workload(args, cfg, layers):
     """Builds the shard, warms up, captures (--graphs full), times args.steps steps; returns the JSON."""
     torch = require_cuda()
@@ -1376,26 +1402,8 @@ def run_workload(args, cfg, layers):
             trainer.step(static_tokens)
     torch.cuda.synchronize()
 
-    # Timed steps: each between its own pair of events, read after the run; the host does not wait for
-    # the device, so the times include any gap the host leaves between launches.
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(args.steps)]
-    losses = torch.empty(args.steps, dtype=torch.float32, device="cuda")
-    host_us = []
-    for i, (start, end) in enumerate(events):
-        t0 = time.perf_counter()
-        start.record()
-        load(args.warmup + i)
-        if graph is not None:
-            graph.replay()
-            loss = static_loss
-        else:
-            loss, _ = trainer.step(static_tokens)
-        end.record()
-        host_us.append((time.perf_counter() - t0) * 1e6)
-        losses[i].copy_(loss)
-    torch.cuda.synchronize()
-    step_ms = [start.elapsed_time(end) for start, end in events]
+    step_ms, host_us, losses = timed_steps(args.steps, args.warmup, load, graph, static_loss, trainer,
+                                           static_tokens)
 
     # The schedule ran on the device: its last value must be lr_at of the last step, to the bit.
     taken = resumed + args.warmup + args.steps

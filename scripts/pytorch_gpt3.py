@@ -147,6 +147,11 @@ class MixedPrecisionTrainer:
         lr = torch.where(s < w, warmup, torch.where(s < t, cosine, torch.full_like(s, lo)))
         return lr.to(torch.float32)
 
+    def clip_gradients(self):
+        """Clips the master gradients to the global norm clip_norm; returns that norm (before
+        clipping) as a device tensor. A tensor-parallel trainer sums the norm over its ranks."""
+        return torch.nn.utils.clip_grad_norm_(self.masters, self.opt["clip_norm"], foreach=True)
+
     def step(self, tokens):
         """One training step on `tokens` [micro-batches, B, T + 1]: the gradient of the mean loss over the
         micro-batches; returns that mean loss and the gradient norm (before clipping) as device tensors."""
@@ -160,7 +165,7 @@ class MixedPrecisionTrainer:
         self.accumulate = False
         if n > 1:
             loss = loss / n
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, self.opt["clip_norm"], foreach=True)
+        grad_norm = self.clip_gradients()
         self.lr.copy_(self.learning_rate())
         self.optimizer.step()
         self.step_count += 1

@@ -266,17 +266,9 @@ def make_trainer(model, opt, group, rank):
             self.counted = torch.tensor([1.0 if (not rep or rank == 0) else 0.0 for rep in self.replicated],
                                         dtype=torch.float32, device="cuda")
 
-        def step(self, tokens):
-            n = tokens.size(0)
-            loss = None
-            for i in range(n):
-                self.accumulate = i > 0
-                mb_loss = self.model(tokens[i, :, :-1], tokens[i, :, 1:])
-                (mb_loss / n if n > 1 else mb_loss).backward()
-                loss = mb_loss.detach() if loss is None else loss + mb_loss.detach()
-            self.accumulate = False
-            if n > 1:
-                loss = loss / n
+        def clip_gradients(self):
+            # The global norm over the group: every rank's sum of squares, replicated tensors
+            # counted on rank 0 only, all-reduced.
             grads = [m.grad for m in self.masters]
             norms = torch.stack(torch._foreach_norm(grads))
             sq = (norms * norms * self.counted).sum()
@@ -284,13 +276,7 @@ def make_trainer(model, opt, group, rank):
             grad_norm = sq.sqrt()
             coef = (self.opt["clip_norm"] / (grad_norm + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(grads, coef)
-            self.lr.copy_(self.learning_rate())
-            self.optimizer.step()
-            self.step_count += 1
-            with torch.no_grad():
-                for param, master in zip(self.params, self.masters):
-                    param.copy_(master)
-            return loss, grad_norm
+            return grad_norm
 
     return TPTrainer(model, opt)
 
@@ -381,24 +367,8 @@ def run(args, cfg, layers, rank, size, local_rank):
     torch.cuda.synchronize()
     dist.barrier(group=group)
 
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(args.steps)]
-    losses = torch.empty(args.steps, dtype=torch.float32, device="cuda")
-    host_us = []
-    for i, (start, end) in enumerate(events):
-        t0 = time.perf_counter()
-        start.record()
-        load(args.warmup + i)
-        if graph is not None:
-            graph.replay()
-            loss = static_loss
-        else:
-            loss, _ = trainer.step(static_tokens)
-        end.record()
-        host_us.append((time.perf_counter() - t0) * 1e6)
-        losses[i].copy_(loss)
-    torch.cuda.synchronize()
-    step_ms = [start.elapsed_time(end) for start, end in events]
+    step_ms, host_us, losses = pb.timed_steps(args.steps, args.warmup, load, graph, static_loss, trainer,
+                                              static_tokens)
     every = [None] * size
     dist.all_gather_object(every, step_ms, group=group)
     rank_losses = [None] * size
