@@ -338,6 +338,17 @@ if want multi_gpu && [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 &&
     run "multi_gpu/replay_gpt3_175b-tp4_dp2_${mode}" mpiexec -n 2 "$bin/replay-gpt3" --dp 2 "${mg[@]}" \
       --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_$mode.json"
   done
+  if [ "$tp" -ge 4 ] && [ -x "$bin/replay-llama31" ]; then
+    # Llama 3.1 405B at its H200 layout (TP4, sequence parallel as NVIDIA runs it), 2 layers, beside
+    # its one-GPU shard (no PyTorch TP baseline for Llama: scripts/pytorch_tp.py models GPT-3).
+    ll=(--preset 405b-tp4 --layers 2 --steps "$([ "$quick" = 1 ] && echo 5 || echo 20)" --seed 1234)
+    for mode in none layer full; do
+      run "multi_gpu/replay_llama31_405b_tp4sp_${mode}" mpiexec -n 4 "$bin/replay-llama31" --tp 4 --sequence-parallel \
+        "${ll[@]}" --graphs "$mode" --json "$out/multi_gpu/replay_llama31_405b_tp4sp_$mode.json"
+    done
+    run "multi_gpu/replay_llama31_405b_tp4shard_1gpu_full" "$bin/replay-llama31" --tp 4 "${ll[@]}" --graphs full \
+      --json "$out/multi_gpu/replay_llama31_405b_tp4shard_1gpu_full.json"
+  fi
   run "multi_gpu/replay_gpt3_175b-tp4_dp2_onebucket_full" mpiexec -n 2 "$bin/replay-gpt3" --dp 2 --dp-bucket-size 0 \
     "${mg[@]}" --graphs full --json "$out/multi_gpu/replay_gpt3_175b-tp4_dp2_onebucket_full.json"
   run "multi_gpu/replay_gpt3_175b-tp4_1gpu_full" "$bin/replay-gpt3" "${mg[@]}" --graphs full \

@@ -1387,17 +1387,24 @@ def report_comm(json_path, out_dir):
 
 MULTI_GPU_SHARD_TARGET = 1.12   # a tensor-parallel step / the same shard on one GPU, collectives not run
 MULTI_GPU_PYTORCH_TARGET = 0.85  # replay's full-graph TP step / PyTorch's graphed TP step
-MULTI_GPU_NAME = re.compile(r"^(replay|pytorch)_gpt3_175b(?:-tp4)?_(tp\d+sp|tp\d+shard_1gpu|tp\d+|dp\d+_onebucket|"
-                            r"dp\d+|1gpu)_(none|layer|full)$")
+MULTI_GPU_NAME = re.compile(r"^(replay|pytorch)_(gpt3_175b(?:-tp4)?|llama31_405b)_(tp\d+sp|tp\d+shard_1gpu|tp\d+|"
+                            r"dp\d+_onebucket|dp\d+|1gpu)_(none|layer|full)$")
+
+
+def _layout_kind(lay):
+    """A layout name without its model prefix ('llama31-tp4sp' -> 'tp4sp')."""
+    return lay.split("-", 1)[1] if lay.startswith("llama31-") else lay
 
 
 def load_multi_gpu_runs(directory):
-    """{(tool, layout, mode): doc} from bench.sh's multi_gpu file names."""
+    """{(tool, layout, mode): doc} from bench.sh's multi_gpu file names; GPT-3's layouts bare
+    ('tp4sp'), Llama's prefixed ('llama31-tp4sp')."""
     runs = {}
     for name in sorted(os.listdir(directory)):
         m = MULTI_GPU_NAME.match(name[:-5]) if name.endswith(".json") else None
         if m:
-            runs[(m.group(1), m.group(2), m.group(3))] = load_json(os.path.join(directory, name))
+            lay = m.group(3) if m.group(2).startswith("gpt3") else f"llama31-{m.group(3)}"
+            runs[(m.group(1), lay, m.group(4))] = load_json(os.path.join(directory, name))
     _require(runs, directory, "no multi-GPU run JSON (replay_gpt3_175b_tp2_full.json, ...) in it")
     return runs
 
@@ -1454,7 +1461,7 @@ def multi_gpu_targets(runs, probe=None):
     rep = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "replay"}
     pt = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "pytorch"}
     layouts = sorted({lay for lay, _ in rep})
-    tp_layouts = [lay for lay in layouts if lay.startswith("tp") and "shard" not in lay]
+    tp_layouts = [lay for lay in layouts if _layout_kind(lay).startswith("tp") and "shard" not in lay]
     out = []
 
     def ratio(name, a, b, limit, what_b):
@@ -1467,7 +1474,7 @@ def multi_gpu_targets(runs, probe=None):
         shard = lay.replace("sp", "") + "shard_1gpu"
         out.append(ratio(f"{lay} full step / the shard on one GPU", rep.get((lay, "full")),
                          rep.get((shard, "full")), MULTI_GPU_SHARD_TARGET, "one-GPU shard"))
-    for lay in tp_layouts:
+    for lay in (lay for lay in tp_layouts if not lay.startswith("llama31-")):  # PyTorch's TP models GPT-3
         base = lay.replace("sp", "")
         out.append(ratio(f"{lay} full step / PyTorch {base} graphed", rep.get((lay, "full")),
                          pt.get((base, "full")), MULTI_GPU_PYTORCH_TARGET, "PyTorch graphed"))

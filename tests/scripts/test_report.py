@@ -1068,6 +1068,20 @@ class MultiGpuReport(TempDirCase):
         self.assertIn("did not run this collective", row[4])
         self.assertNotIn("48 KiB", md)
 
+    def test_llama_layouts_are_kept_apart_from_gpt3s(self):
+        self.write_runs()
+        for mode, ms in (("none", 300.0), ("layer", 299.0), ("full", 330.0)):
+            self.write(f"replay_llama31_405b_tp4sp_{mode}.json",
+                       self.run_doc("replay", mode, ms, tp=4, loss_hash="ee"))
+        self.write("replay_llama31_405b_tp4shard_1gpu_full.json", self.run_doc("replay", "full", 280.0))
+        md = self.summary()
+        self.assertEqual(table_row(md, "llama31-tp4sp full step / the shard on one GPU")[1:4],
+                         ["1.179", "<= 1.12", "FAIL"])
+        self.assertEqual(table_row(md, "llama31-tp4sp full step / eager")[3], "FAIL")
+        self.assertEqual(table_row(md, "llama31-tp4sp: loss hash identical across modes")[3], "pass")
+        self.assertNotIn("llama31-tp4sp full step / PyTorch", md)  # PyTorch's TP models GPT-3 only
+        self.assertEqual(table_row(md, "tp2 full step / the shard on one GPU")[1], "1.040")  # GPT-3's unchanged
+
     def test_a_directory_without_runs_is_an_error(self):
         self.write("probe_sweep.json", {"tool": "replay-comm-probe"})
         with self.assertRaisesRegex(report.ReportError, "no multi-GPU run JSON"):
