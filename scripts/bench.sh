@@ -2,6 +2,7 @@
 # bench.sh: run replay's suite on the local GPU, building first, and write reports/<gpu>/<date>/.
 #
 #   scripts/bench.sh [--quick] [--out DIR] [--no-build] [--no-pytorch] [--report-only] [--only LIST]
+#                    [--resume]
 #
 #   --quick        fewer repeats (a smoke run of a few minutes)
 #   --out DIR      where to write (default reports/<gpu>/<date>)
@@ -11,6 +12,8 @@
 #                  elsewhere, or scripts/report.py changed since); needs no GPU
 #   --only LIST    run only these sections (comma-separated): ops, graphs, workloads, unet, moe,
 #                  rnnt, multi_gpu, time_to_train
+#   --resume       with --out DIR of an unfinished run: skip every run whose NAME.json is already
+#                  there and valid (a suite split over several calls of a time-limited machine)
 #
 # Environment: REPLAY_BUILD_DIR (default build/release), REPLAY_SKIP_SETUP=1 (no installs: the GPU
 # machine). Writes one JSON per run (schemas in reports/SCHEMA.md), the logs, summary.md and plots.
@@ -23,6 +26,7 @@ build=1
 pytorch=1
 report_only=0
 only=""
+resume=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
@@ -31,7 +35,8 @@ while [ $# -gt 0 ]; do
     --no-pytorch) pytorch=0 ;;
     --report-only) report_only=1 ;;
     --only) only="$2"; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --resume) resume=1 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -139,13 +144,22 @@ gpu_tag=$(echo "$gpu_name" | tr '[:upper:]' '[:lower:]' | grep -oE 'gh200|h200|h
 [ -n "$out" ] || out="reports/$gpu_tag/$(date +%Y-%m-%d)"
 mkdir -p "$out"
 echo "bench.sh: $gpu_name -> $out"
-echo "scripts/bench.sh $([ $quick = 1 ] && echo --quick) $([ -n "$only" ] && echo "--only $only") (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ))" >"$out/COMMAND"
+command_line="scripts/bench.sh $([ $quick = 1 ] && echo --quick) $([ -n "$only" ] && echo "--only $only") (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ))"
+if [ "$resume" = 1 ] && [ -f "$out/COMMAND" ]; then
+  echo "$(cat "$out/COMMAND"); resumed: $command_line --resume" >"$out/COMMAND"
+else
+  echo "$command_line" >"$out/COMMAND"
+fi
 
 repeats=50; warmup=10
 [ "$quick" = 1 ] && { repeats=10; warmup=3; }
 
 run() {  # run NAME CMD...: output to the terminal and to $out/NAME.log; a failure is reported, not fatal
   local name=$1; shift
+  if [ "$resume" = 1 ] && python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/$name.json" 2>/dev/null; then
+    echo "bench.sh: $name: done in an earlier call (--resume): skipped"
+    return 0
+  fi
   echo "bench.sh: $name: $*"
   if "$@" 2>&1 | tee "$out/$name.log"; then return 0; fi
   echo "bench.sh: $name FAILED (log: $out/$name.log)" >&2
