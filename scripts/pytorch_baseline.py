@@ -1628,6 +1628,9 @@ def build_parser():
     g.add_argument("--step", required=True, help="what `--load CHECKPOINT --steps 1 --dump-step FILE` wrote")
     g.add_argument("--json", default=None, help="write every tensor's errors here")
     g.set_defaults(func=cmd_gradcheck)
+    sub.add_parser("moe", add_help=False,
+                   help="train replay-moe's DeepSeek-V3 shard (671b-ep32), eager or one full-step graph with "
+                        "static expert capacity: scripts/pytorch_moe.py train, whose flags follow (moe --help)")
     sub.add_parser("tp", add_help=False,
                    help="train the GPT-3 shard with tensor parallelism over T processes (mpiexec -n T or "
                         "torchrun), eager or one full-step graph: scripts/pytorch_tp.py, whose flags follow "
@@ -1637,6 +1640,9 @@ def build_parser():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["moe"]:  # its own flags: scripts/pytorch_moe.py train
+        from pytorch_moe import main as moe_main
+        return moe_main(["train"] + argv[1:])
     if argv[:1] == ["tp"]:  # its own flags: scripts/pytorch_tp.py
         from pytorch_tp import main as tp_main
         return tp_main(argv[1:])
