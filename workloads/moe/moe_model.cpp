@@ -89,6 +89,7 @@ void MoeShape::validate() const {
   need(head == HeadKind::kPipelineStage || (vocab >= 8 && vocab % 8 == 0),
        "the vocabulary must be a positive multiple of 8");
   check_router_shape(RouterShape{tokens(), experts, groups, topk_groups, topk, route_scale});
+  check_yarn(yarn);
   need(std::isfinite(capacity_factor) && capacity_factor >= 0.0,
        "the capacity factor must be positive (0: dropless)");
   need(ep >= 1 && ep_rank >= 0 && ep_rank < ep, "the expert-parallel rank must be in [0, ep)");
@@ -282,6 +283,8 @@ MoeModel::MoeModel(const Context& ctx, const MoeShape& shape, uint64_t data_seed
   att.head_dim_qk = QK;
   att.head_dim_v = Dv;
   att.causal = true;
+  // YaRN multiplies the softmax scale by mscale^2 (yarn.h); 0 keeps the library's 1/sqrt(d_qk).
+  if (shape_.yarn.enabled) att.scale = static_cast<float>(mla_softmax_scale(QK, shape_.yarn));
   att.layout = AttentionLayout::kSeparate;
   att.dtype = DType::kBF16;
   attention_ = &attention_cache_.get(ctx_, att);
@@ -502,8 +505,19 @@ void MoeModel::bind(const Arena& arena) {
 void MoeModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t stream) {
   io_ = io;
   params_.initialize(seed, stream);
-  rope_build_table(static_cast<float2*>(rope_q_table_.data), static_cast<int>(shape_.seq),
-                   static_cast<int>(shape_.rope_dim), shape_.rope_theta, RopeScaling{}, stream);
+  // The RoPE table: plain on the device, or with DeepSeek-V3's YaRN scaling built on the host in
+  // fp64 (yarn.h) and copied once (set-up; the copy completes before the synchronize below).
+  std::vector<float> yarn_table;
+  if (shape_.yarn.enabled) {
+    yarn_table = yarn_rope_table(static_cast<int>(shape_.seq), static_cast<int>(shape_.rope_dim),
+                                 shape_.rope_theta, shape_.yarn);
+    REPLAY_CUDA_CHECK(cudaMemcpyAsync(rope_q_table_.data, yarn_table.data(),
+                                      yarn_table.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                      stream));
+  } else {
+    rope_build_table(static_cast<float2*>(rope_q_table_.data), static_cast<int>(shape_.seq),
+                     static_cast<int>(shape_.rope_dim), shape_.rope_theta, RopeScaling{}, stream);
+  }
   REPLAY_CUDA_CHECK(cudaMemsetAsync(aux_losses_.data, 0, aux_losses_.bytes(), stream));
   for (const auto& b : blocks_) {
     if (!b->moe) continue;

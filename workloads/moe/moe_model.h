@@ -45,6 +45,7 @@
 #include "train/model.h"
 #include "workloads/moe/dispatch.h"
 #include "workloads/moe/router.h"
+#include "workloads/moe/yarn.h"
 
 namespace replay::moe {
 
@@ -63,6 +64,7 @@ struct MoeShape {
   int64_t rope_dim = 64;
   int64_t v_dim = 128;
   double rope_theta = 10000.0;
+  YarnScaling yarn;  // DeepSeek-V3's RoPE scaling (yarn.h): the table and the softmax scale
   int64_t dense_layers = 1;
   int64_t moe_layers = 1;
   int64_t dense_ffn = 256;
@@ -147,6 +149,13 @@ class MoeModel : public train::Model {
   // step in ms by key: "<scope>.fwd", "<scope>.bwd", "expert_gemm.fwd", "expert_gemm.bwd",
   // "head", "embedding".
   std::vector<std::pair<std::string, double>> time_parts(cudaStream_t stream, int reps);
+  // Tests (a pipeline-stage head): the stage's input, the next stage's gradient, the last block's
+  // output (valid after the head, before the backward reuses its memory) and the residual
+  // gradient (after the backward: the gradient of the loss by the stage's input).
+  const TensorView& stage_input() const { return x_.front(); }
+  const TensorView& stage_gradient() const { return stage_grad_; }
+  const TensorView& output() const { return x_.back(); }
+  const TensorView& residual_gradient() const { return grad_; }
 
  private:
   struct Plans;

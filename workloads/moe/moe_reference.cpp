@@ -288,6 +288,12 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// DeepSeek-V3's yarn_get_mscale(scale, mscale): 0.1 mscale ln(scale) + 1, 1 for scale <= 1.
+double get_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
 // Y[M, out] = X[M, in] W[out, in]^T.
 Vec linear(const Vec& X, const Vec& W, int64_t M, int64_t in, int64_t out) {
   Vec Y(static_cast<size_t>(M * out), 0.0);
@@ -358,13 +364,15 @@ void rmsnorm_backward(const Vec& dY, const Vec& X, const Vec& g, const Vec& r, i
 // backward: by the negative angle.
 void rope(Vec& X, const MlaRefDims& d, int64_t heads, int64_t D, int64_t off, bool backward) {
   const int64_t R = d.rope, half = R / 2;
+  const double amp = d.yarn.enabled ? get_mscale(d.yarn.factor, d.yarn.mscale) /
+                                          get_mscale(d.yarn.factor, d.yarn.mscale_all_dim)
+                                    : 1.0;
   for (int64_t t = 0; t < d.tokens(); ++t) {
     const auto pos = static_cast<double>(t % d.seq);
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < half; ++i) {
-        const double a =
-            pos * std::pow(d.theta, -2.0 * static_cast<double>(i) / static_cast<double>(R));
-        const double c = std::cos(a), s = backward ? -std::sin(a) : std::sin(a);
+        const double a = pos * rope_frequency(i, R, d.theta, d.yarn);
+        const double c = amp * std::cos(a), s = amp * (backward ? -std::sin(a) : std::sin(a));
         const auto lo = static_cast<size_t>((t * heads + h) * D + off + i);
         const auto hi = lo + static_cast<size_t>(half);
         const double x0 = X[lo], x1 = X[hi];
@@ -375,6 +383,38 @@ void rope(Vec& X, const MlaRefDims& d, int64_t heads, int64_t D, int64_t off, bo
 }
 
 }  // namespace
+
+double rope_frequency(int64_t i, int64_t R, double theta, const YarnScaling& y) {
+  // freq_extra and freq_inter as DeepSeek's code builds them: 1 / theta^(2i / R), the latter
+  // divided by the factor.
+  const double extra = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(R));
+  if (!y.enabled) return extra;
+  const double inter =
+      1.0 / (y.factor * std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(R)));
+  // yarn_find_correction_dim(num_rotations, dim, base, max_position_embeddings)
+  auto dim_of = [&](double rotations) {
+    return (static_cast<double>(R) *
+            std::log(y.original_max_position / (rotations * 2.0 * 3.141592653589793))) /
+           (2.0 * std::log(theta));
+  };
+  double low = std::floor(dim_of(y.beta_fast)), high = std::ceil(dim_of(y.beta_slow));
+  low = low < 0.0 ? 0.0 : low;
+  high = high > static_cast<double>(R - 1) ? static_cast<double>(R - 1) : high;
+  if (low == high) high += 0.001;  // yarn_linear_ramp_mask's guard
+  double ramp = (static_cast<double>(i) - low) / (high - low);
+  ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
+  const double inv_freq_mask = 1.0 - ramp;
+  return inter * (1.0 - inv_freq_mask) + extra * inv_freq_mask;
+}
+
+double mla_scale(const MlaRefDims& d) {
+  double s = std::pow(static_cast<double>(d.qk()), -0.5);
+  if (d.yarn.enabled && d.yarn.mscale_all_dim != 0.0) {
+    const double m = get_mscale(d.yarn.factor, d.yarn.mscale_all_dim);
+    s = s * m * m;
+  }
+  return s;
+}
 
 MlaRefWeights MlaRefWeights::zeros(const MlaRefDims& d) {
   const int64_t C = d.hidden, H = d.heads;
@@ -390,7 +430,7 @@ void mla_block(const MlaRefDims& d, const MlaRefWeights& w, const Vec& x, Vec* o
                MlaRefWeights* dw, Vec* dx) {
   const int64_t M = d.tokens(), C = d.hidden, H = d.heads, QK = d.qk(), Dn = d.nope, Dv = d.v;
   const int64_t qr = d.q_lora, kr = d.kv_lora, S = d.seq;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(QK));
+  const double scale = mla_scale(d);
   Vec r1, rq, rk;
   const Vec h = rmsnorm(x, w.norm1, M, C, d.eps, &r1);
   const Vec ql = linear(h, w.qa, M, C, qr);

@@ -13,6 +13,7 @@
 
 #include "workloads/moe/dispatch.h"
 #include "workloads/moe/router.h"
+#include "workloads/moe/yarn.h"
 
 namespace replay::moe::ref {
 
@@ -99,14 +100,25 @@ std::vector<double> ep_permute(const std::vector<double>& in, const std::vector<
 // last `rope` channels; kv = rmsnorm(h Wkva^T; kvnorm) Wkvb^T per head (nope key, then value);
 // kpe = rope(h Wkpe^T), shared by every head; k = (kv nope, kpe), v = kv value; causal softmax
 // attention at scale 1 / sqrt(nope + rope) within each sequence; out = x + o Wo^T. RoPE is
-// rotate-half with angle s * theta^(-2i / rope) for channel pair (i, i + rope / 2).
+// rotate-half with angle s * theta^(-2i / rope) for channel pair (i, i + rope / 2). With
+// yarn.enabled, DeepSeek-V3's YaRN: the angle's frequency is rope_frequency's, cos and sin are
+// scaled by mscale(factor, mscale) / mscale(factor, mscale_all_dim), and the softmax scale by
+// mscale(factor, mscale_all_dim)^2.
 struct MlaRefDims {
   int64_t batch = 1, seq = 1, hidden = 8, heads = 1, q_lora = 8, kv_lora = 8;
   int64_t nope = 8, rope = 4, v = 8;
   double eps = 1e-6, theta = 10000.0;
+  YarnScaling yarn;
   int64_t tokens() const { return batch * seq; }
   int64_t qk() const { return nope + rope; }
 };
+// The frequency of channel pair i of R rotated channels, written from DeepSeek-V3's
+// DeepseekV3YarnRotaryEmbedding (yarn_find_correction_range, yarn_linear_ramp_mask): plain
+// theta^(-2i / R) without YaRN.
+double rope_frequency(int64_t i, int64_t R, double theta, const YarnScaling& yarn);
+// DeepSeek-V3's softmax scale of MLA: (nope + rope)^-0.5, times yarn_get_mscale(factor,
+// mscale_all_dim)^2 with YaRN.
+double mla_scale(const MlaRefDims& d);
 // Weights as nn.Linear stores them ([out, in]) and the norms' scales.
 struct MlaRefWeights {
   std::vector<double> norm1, qa, qnorm, qb, kva, kvnorm, kpe, kvb, wo;

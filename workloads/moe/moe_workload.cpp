@@ -35,6 +35,7 @@ MoeShape shape_671b_ep32() {
   s.experts = 256, s.local_experts = 8, s.groups = 8, s.topk_groups = 4, s.topk = 8;
   s.expert_ffn = 2048, s.shared_ffn = 1024;
   s.capacity_factor = 1.0;
+  s.yarn = YarnScaling::deepseek_v3();  // the released config's rope_scaling
   return s;
 }
 
@@ -47,6 +48,7 @@ MoeShape shape_small() {
   s.experts = 32, s.local_experts = 32, s.groups = 8, s.topk_groups = 4, s.topk = 6;
   s.expert_ffn = 384, s.shared_ffn = 384;
   s.capacity_factor = 1.25;
+  s.yarn = YarnScaling::deepseek_v3();
   return s;
 }
 
@@ -115,6 +117,11 @@ void MoeWorkload::add_flags(CLI::App& app) {
   app.add_option("--micro-batch", micro_batch_flag_,
                  "sequences per step on this GPU (0: the preset's)")
       ->check(train::integer_in(0, 4096));
+  app.add_option("--rope-scaling", rope_scaling_flag_,
+                 "RoPE frequency scaling: yarn (DeepSeek-V3's released config: factor 40 over 4096 "
+                 "positions, beta 32/1, mscale 1; the softmax scale times mscale^2) or none "
+                 "(default: the preset's; yarn for 671b-ep32 and small)")
+      ->check(CLI::IsMember({"yarn", "none"}));
   app.add_option("--layers", layers_flag_,
                  "MoE blocks (0: the preset's; 671b-ep32: as many of its 8 as fit the GPU)")
       ->check(train::integer_in(0, 64));
@@ -135,6 +142,8 @@ void MoeWorkload::resolve(const train::RunFlags& flags) {
   if (capacity_flag_ >= 0) shape_.capacity_factor = capacity_flag_;
   if (dropless_) shape_.capacity_factor = 0;
   if (layers_flag_ > 0) shape_.moe_layers = layers_flag_;
+  if (rope_scaling_flag_ == "yarn") shape_.yarn = YarnScaling::deepseek_v3();
+  if (rope_scaling_flag_ == "none") shape_.yarn = YarnScaling{};
   if (micro_batch_flag_ > 0) shape_.micro_batch = micro_batch_flag_;
   if (ep_flag_ > 0) {
     const std::string n = std::to_string(ep_flag_);
@@ -202,6 +211,12 @@ nlohmann::ordered_json MoeWorkload::config() const {
   const MoeShape& s = shape_;
   nlohmann::ordered_json scopes = nlohmann::ordered_json::array();
   for (const std::string& x : scopes_) scopes.push_back(x);
+  nlohmann::ordered_json rope = {{"theta", s.rope_theta}, {"yarn", nullptr}};
+  if (s.yarn.enabled)
+    rope["yarn"] = {
+        {"factor", s.yarn.factor},       {"original_max_position", s.yarn.original_max_position},
+        {"beta_fast", s.yarn.beta_fast}, {"beta_slow", s.yarn.beta_slow},
+        {"mscale", s.yarn.mscale},       {"mscale_all_dim", s.yarn.mscale_all_dim}};
   return {{"micro_batch", s.micro_batch},
           {"seq", s.seq},
           {"hidden", s.hidden},
@@ -213,6 +228,9 @@ nlohmann::ordered_json MoeWorkload::config() const {
           {"qk_nope_head_dim", s.nope_dim},
           {"qk_rope_head_dim", s.rope_dim},
           {"v_head_dim", s.v_dim},
+          {"norm_eps", s.norm_eps},
+          {"rope", rope},
+          {"softmax_scale", mla_softmax_scale(s.qk_dim(), s.yarn)},
           {"dense_layers", s.dense_layers},
           {"moe_layers", s.moe_layers},
           {"dense_ffn", s.dense_ffn},

@@ -1,7 +1,7 @@
 // moe_workload.h: MoeWorkload, replay-moe's train::Workload: the presets (tiny, small, 671b-ep32),
-// its own flags (--capacity-factor, --dropless, --graph-scope, --layers, --ep, --micro-batch), the
-// resolved
-// configuration, the synthetic data line, the model (moe_model.h) and the MLPerf events.
+// its own flags (--capacity-factor, --dropless, --graph-scope, --layers, --ep, --micro-batch,
+// --rope-scaling), the resolved configuration, the synthetic data line, the model (moe_model.h) and
+// the MLPerf events.
 #pragma once
 
 #include <cstdio>
@@ -53,7 +53,8 @@ class MoeWorkload : public train::Workload {
   std::string scope_flag_;
   int layers_flag_ = 0;  // 0: the preset's, within the memory budget (671b-ep32)
   int ep_flag_ = 0;      // --ep: 0 not given (the preset's fold), else the expert-parallel ranks
-  int micro_batch_flag_ = 0;  // --micro-batch: 0 the preset's
+  int micro_batch_flag_ = 0;       // --micro-batch: 0 the preset's
+  std::string rope_scaling_flag_;  // --rope-scaling yarn|none; empty: the preset's
   comm::Communicator* ep_comm_ = nullptr;
   std::vector<std::string> scopes_;
   MoeShape shape_;

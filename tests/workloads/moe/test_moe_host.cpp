@@ -1,8 +1,9 @@
 // replay-moe on the CPU: its presets resolve to the documented shapes (671b-ep32: 64 heads, 8 of
 // 256 experts, 4096 tokens, capacity 4096 rows per local expert at factor 1), and bad flags are
-// refused with a message naming them before any GPU work.
+// refused with a message naming them before any GPU work; YaRN per preset and --rope-scaling.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,41 @@ TEST(MoeHost, PresetsResolveToTheirShapes) {
   MoeWorkload g;
   resolved(g, {"--preset", "tiny", "--graphs", "layer", "--graph-scope", "attn,moe_router"});
   EXPECT_EQ(g.scopes(), (std::vector<std::string>{"attn", "moe_router"}));
+}
+
+// YaRN (DeepSeek-V3's released rope_scaling) is on for the DeepSeek-sized presets and off for the
+// test presets; --rope-scaling turns it on or off; the printed configuration carries it and the
+// softmax scale it implies (192^-0.5 x (1 + 0.1 ln 40)^2), which the PyTorch baseline reads.
+TEST(MoeHost, YarnPerPresetAndFlag) {
+  for (const char* preset : {"671b-ep32", "small"}) {
+    MoeWorkload w;
+    resolved(w, {"--preset", preset});
+    const YarnScaling& y = w.shape().yarn;
+    EXPECT_TRUE(y.enabled) << preset;
+    EXPECT_EQ(y.factor, 40.0);
+    EXPECT_EQ(y.original_max_position, 4096.0);
+    EXPECT_EQ(y.beta_fast, 32.0);
+    EXPECT_EQ(y.beta_slow, 1.0);
+    EXPECT_EQ(y.mscale, 1.0);
+    EXPECT_EQ(y.mscale_all_dim, 1.0);
+    const nlohmann::ordered_json c = w.config();
+    EXPECT_EQ(c["rope"]["yarn"]["factor"], 40.0);
+    const double m = 1.0 + 0.1 * std::log(40.0);
+    EXPECT_NEAR(c["softmax_scale"].get<double>(), m * m / std::sqrt(192.0), 1e-15);
+  }
+  for (const char* preset : {"tiny", "tiny-ep"}) {
+    MoeWorkload w;
+    resolved(w, {"--preset", preset});
+    EXPECT_FALSE(w.shape().yarn.enabled) << preset;
+    EXPECT_TRUE(w.config()["rope"]["yarn"].is_null());
+    EXPECT_NEAR(w.config()["softmax_scale"].get<double>(), 1.0 / std::sqrt(192.0), 1e-15);
+  }
+  MoeWorkload on, off;
+  resolved(on, {"--preset", "tiny", "--rope-scaling", "yarn"});
+  EXPECT_TRUE(on.shape().yarn.enabled);
+  resolved(off, {"--preset", "671b-ep32", "--rope-scaling", "none"});
+  EXPECT_FALSE(off.shape().yarn.enabled);
+  EXPECT_NE(usage_error({"--rope-scaling", "linear"}).find("--rope-scaling"), std::string::npos);
 }
 
 TEST(MoeHost, BadFlagsAreRefusedWithTheirNames) {

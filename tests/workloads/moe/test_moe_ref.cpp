@@ -5,7 +5,9 @@
 // form, the dispatch's stable order, its capacity drops in the documented order and its padding,
 // gather/combine round trips and adjoints, and the host-side helpers of the ops library
 // (capacity, shape checks, workspace sizes, the expert GEMM descriptors); MLA's fp64 reference
-// (the attention block of replay-moe's model) against finite differences.
+// (the attention block of replay-moe's model) against finite differences, plain and with YaRN;
+// DeepSeek-V3's YaRN frequencies, table and softmax scale (yarn.h) against the reference's
+// rendering of DeepSeek's code and the values known in closed form.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,7 @@
 #include "workloads/moe/moe_reference.h"
 #include "tests/support/compare.h"
 #include "workloads/moe/router.h"
+#include "workloads/moe/yarn.h"
 
 namespace replay::moe {
 namespace {
@@ -361,10 +364,11 @@ TEST(MoeHost, ExpertGemmsAreStridedBatchesOfLinearLayers) {
 // MLA's fp64 reference (the attention block of replay-moe's model): every weight's gradient and
 // the input's against central differences of L = <out, g>, at a shape with two sequences, causal
 // attention over 5 positions, two heads, LoRA ranks 8 and 4 RoPE channels per head.
-TEST(MlaRef, BackwardMatchesFiniteDifferences) {
+void check_mla_gradients(const YarnScaling& yarn) {
   ref::MlaRefDims d;
   d.batch = 2, d.seq = 5, d.hidden = 16, d.heads = 2, d.q_lora = 8, d.kv_lora = 8;
   d.nope = 8, d.rope = 4, d.v = 8, d.theta = 100.0;
+  d.yarn = yarn;
   std::mt19937 gen(7);
   std::normal_distribution<double> n(0.0, 1.0);
   ref::MlaRefWeights w = ref::MlaRefWeights::zeros(d);
@@ -399,6 +403,82 @@ TEST(MlaRef, BackwardMatchesFiniteDifferences) {
   for (int64_t c = 0; c < d.hidden; ++c)
     EXPECT_EQ(out2[static_cast<size_t>(c)], out[static_cast<size_t>(c)])
         << "token 0, channel " << c;
+}
+
+TEST(MlaRef, BackwardMatchesFiniteDifferences) {
+  check_mla_gradients(YarnScaling{});
+}
+
+// With YaRN at a scale where it matters at 4 rotated channels over 5 positions: factor 4 over 2
+// original positions (channel pair 0 keeps its frequency, pair 1 is divided by 4), and mscale 0.7
+// against mscale_all_dim 1.3, so cos and sin carry an amplitude (0.957) and the softmax scale a
+// factor (1.169^2).
+TEST(MlaRef, BackwardWithYarnMatchesFiniteDifferences) {
+  YarnScaling y = YarnScaling::deepseek_v3();
+  y.factor = 4.0, y.original_max_position = 2.0, y.beta_fast = 0.5, y.beta_slow = 0.05;
+  y.mscale = 0.7, y.mscale_all_dim = 1.3;
+  EXPECT_EQ(ref::rope_frequency(0, 4, 100.0, y), 1.0);
+  EXPECT_DOUBLE_EQ(ref::rope_frequency(1, 4, 100.0, y), 0.1 / 4.0);
+  check_mla_gradients(y);
+}
+
+// DeepSeek-V3's YaRN (factor 40 over 4096 positions, beta 32 / 1, theta 10000, 64 RoPE channels):
+// the correction range is pairs 10 to 23 (d(32) = 10.47, d(1) = 22.51), so pairs 0..10 keep
+// theta^(-2i / 64), pairs 23..31 are divided by 40, and the ones between are on the ramp; the
+// library's frequencies equal the reference's (written from DeepSeek's code), the table holds
+// (cos, sin)(p f_i) with amplitude 1 (both mscales 1), and the softmax scale is
+// 192^-0.5 (1 + 0.1 ln 40)^2.
+TEST(YarnRef, DeepSeekV3FrequenciesTableAndScale) {
+  const YarnScaling y = YarnScaling::deepseek_v3();
+  const std::vector<double> f = rope_frequencies(64, 10000.0, y);
+  ASSERT_EQ(f.size(), 32u);
+  for (int i = 0; i < 32; ++i) {
+    const double plain = std::pow(10000.0, -2.0 * i / 64.0);
+    EXPECT_NEAR(f[static_cast<size_t>(i)], ref::rope_frequency(i, 64, 10000.0, y), 1e-15 * plain)
+        << "pair " << i;
+    if (i <= 10) EXPECT_NEAR(f[static_cast<size_t>(i)], plain, 1e-15 * plain) << "pair " << i;
+    if (i >= 23)
+      EXPECT_NEAR(f[static_cast<size_t>(i)], plain / 40.0, 1e-15 * plain) << "pair " << i;
+    if (i > 10 && i < 23) {
+      const double ramp = (i - 10.0) / 13.0;
+      EXPECT_NEAR(f[static_cast<size_t>(i)], plain / 40.0 * ramp + plain * (1.0 - ramp),
+                  1e-15 * plain);
+    }
+  }
+  const std::vector<double> plain = rope_frequencies(64, 10000.0, YarnScaling{});
+  for (int i = 0; i < 32; ++i)
+    EXPECT_NEAR(plain[static_cast<size_t>(i)], ref::rope_frequency(i, 64, 10000.0, YarnScaling{}),
+                1e-15 * plain[static_cast<size_t>(i)]);
+  EXPECT_EQ(yarn_rope_amplitude(y), 1.0);
+  const double m = 1.0 + 0.1 * std::log(40.0);
+  EXPECT_NEAR(mla_softmax_scale(192, y), m * m / std::sqrt(192.0), 1e-15);
+  EXPECT_EQ(mla_softmax_scale(192, YarnScaling{}), 1.0 / std::sqrt(192.0));
+  ref::MlaRefDims d;
+  d.nope = 128, d.rope = 64, d.yarn = y;
+  EXPECT_NEAR(ref::mla_scale(d), mla_softmax_scale(192, y), 1e-15);
+  const std::vector<float> table = yarn_rope_table(4096, 64, 10000.0, y);
+  ASSERT_EQ(table.size(), 4096u * 64u);
+  for (int p : {0, 1, 77, 4095})
+    for (int i : {0, 15, 31}) {
+      const double a = p * f[static_cast<size_t>(i)];
+      const size_t k = (static_cast<size_t>(p) * 32 + static_cast<size_t>(i)) * 2;
+      EXPECT_EQ(table[k], static_cast<float>(std::cos(a))) << p << ", " << i;
+      EXPECT_EQ(table[k + 1], static_cast<float>(std::sin(a))) << p << ", " << i;
+    }
+  // An amplitude: mscale 2 against mscale_all_dim 1.
+  YarnScaling a = y;
+  a.mscale = 2.0;
+  const double amp = (1.0 + 0.2 * std::log(40.0)) / m;
+  EXPECT_NEAR(yarn_rope_amplitude(a), amp, 1e-15);
+  const std::vector<float> ta = yarn_rope_table(8, 64, 10000.0, a);
+  EXPECT_EQ(ta[0], static_cast<float>(amp));  // cos 0 x amplitude
+  // Out-of-range settings are refused.
+  YarnScaling bad = y;
+  bad.beta_fast = 0.5;  // below beta_slow
+  EXPECT_THROW(check_yarn(bad), Error);
+  bad = y;
+  bad.factor = 0.5;
+  EXPECT_THROW(check_yarn(bad), Error);
 }
 
 }  // namespace
