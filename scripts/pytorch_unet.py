@@ -3,9 +3,11 @@
 Stable Diffusion v2 UNet the way users train it, timed like replay's driver.
 
 The model is diffusers' UNet2DConditionModel built from SD 2's configuration with 16 GroupNorm
-groups where diffusers can be imported (--model diffusers), else a PyTorch UNet of the same
-architecture written here (--model torch: the same modules, the same parameter names and count,
-865,910,724). The step: latents sampled from VAE moments (x 0.18215), a timestep and Gaussian noise
+groups where diffusers can be imported (--model diffusers; `scripts/setup.sh --bundle` stages
+diffusers 0.42.1 in .deps/python, which the script adds to its path when diffusers is not installed),
+else a PyTorch UNet of the same architecture written here (--model torch: the same modules, the same
+parameter names and count, 865,910,724). The JSON's "model" says which ran ("diffusers" with its
+"model_version", or "torch"). The step: latents sampled from VAE moments (x 0.18215), a timestep and Gaussian noise
 per sample, the DDPM schedule (1000 steps, scaled-linear beta 0.00085 to 0.012), v-prediction, MSE;
 channels-last, fp16 autocast with GradScaler, SDPA attention, fused AdamW (0.9, 0.999, 1e-8, weight
 decay 0.01).
@@ -20,8 +22,11 @@ tensors refilled outside the graph. Prints one line per run and writes a JSON su
 import argparse
 import json
 import math
+import os
 import sys
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse():
@@ -254,6 +259,20 @@ def build_torch_unet(torch, groups):
     return UNet()
 
 
+def import_diffusers():
+    """diffusers, from the installed packages or else from the repository's .deps/python (staged by
+    scripts/setup.sh --bundle: the GPU machine has no diffusers of its own)."""
+    try:
+        import diffusers
+    except ImportError:
+        deps = os.path.join(REPO, ".deps", "python")
+        if not os.path.isdir(os.path.join(deps, "diffusers")) or deps in sys.path:
+            raise
+        sys.path.append(deps)  # after the installed packages: theirs win where both have one
+        import diffusers
+    return diffusers
+
+
 def build_diffusers_unet(groups):
     from diffusers import UNet2DConditionModel  # noqa: import only when asked for
 
@@ -272,9 +291,11 @@ def main():
 
     torch.manual_seed(args.seed)
     name = "torch"
+    version = torch.__version__
     model = None
     if args.model in ("auto", "diffusers"):
         try:
+            version = import_diffusers().__version__
             model = build_diffusers_unet(args.groups)
             name = "diffusers"
         except Exception as e:  # not importable here
@@ -283,10 +304,12 @@ def main():
             print(f"pytorch_unet: diffusers not importable ({type(e).__name__}: {e}); "
                   "using the PyTorch UNet of the same architecture")
     if model is None:
+        version = torch.__version__
         model = build_torch_unet(torch, args.groups)
     params = sum(p.numel() for p in model.parameters())
     if args.count_only:
         print(params)
+        print(f"# model: {name} {version}", file=sys.stderr)
         return
     if not torch.cuda.is_available():
         sys.exit("pytorch_unet: no CUDA device")
@@ -361,7 +384,7 @@ def main():
     med = ms[len(ms) // 2]
     peak = torch.cuda.max_memory_allocated() / 2**30
     host = sorted(host_us)[len(host_us) // 2]
-    line = (f"pytorch_unet {name} batch {B} graphs {args.graphs}: torch {torch.__version__}, "
+    line = (f"pytorch_unet {name} {version} batch {B} graphs {args.graphs}: torch {torch.__version__}, "
             f"{torch.cuda.get_device_name()}, {params} parameters; step {med:.3f} ms median "
             f"(p10 {ms[len(ms) // 10]:.3f}, p90 {ms[min(len(ms) - 1, len(ms) * 9 // 10)]:.3f}), "
             f"{B / med * 1e3:.1f} images/s, host enqueue {host:.0f} us, peak memory {peak:.2f} GiB, "
@@ -371,7 +394,8 @@ def main():
         print("# " + graph_note + f"; capture {capture_ms:.0f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool": "pytorch_unet", "model": name, "torch": torch.__version__,
+            json.dump({"tool": "pytorch_unet", "model": name, "model_version": version,
+                       "torch": torch.__version__,
                        "gpu": torch.cuda.get_device_name(), "batch": B, "graphs": args.graphs,
                        "parameters": params, "groups": args.groups, "steps": args.steps,
                        "step_ms": {"median": med, "p10": ms[len(ms) // 10],

@@ -5,7 +5,7 @@
 #   scripts/setup.sh --check    only report what is missing (exit 1 if anything is)
 #   scripts/setup.sh --bundle   also stage .deps/ (git-ignored): what the GPU machine lacks, so the same
 #                               tree builds and tests there: the cuDNN frontend headers and the
-#                               mlperf-logging and safetensors Python packages
+#                               mlperf-logging, safetensors and diffusers Python packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -123,6 +123,24 @@ EOF
   # safetensors: checkpoints in PyTorch (its extension is abi3: any Python 3 of the GPU machine).
   st=$(python3 -c "import safetensors, os; print(os.path.dirname(safetensors.__file__))")
   cp -r "$st" .deps/python/
+  # diffusers (scripts/pytorch_unet.py's baseline: UNet2DConditionModel), pure Python, pinned. What it
+  # imports besides is on the GPU machine (torch, huggingface_hub >= 1.32, safetensors >= 0.8, numpy,
+  # regex, requests, filelock, Pillow, packaging; on Python >= 3.8 the standard importlib.metadata,
+  # not the importlib_metadata package), so only diffusers travels, without the parts the model does
+  # not import: the pipelines and the modular pipelines (all but their __init__.py, which the package
+  # reads), the commands, the experimental code (30 MB down to 11; the loaders the model imports read
+  # the schedulers).
+  diffusers_version=0.42.1
+  tmp=$(mktemp -d)
+  python3 -m pip install -q --disable-pip-version-check --no-deps --no-compile --target "$tmp" \
+    "diffusers==$diffusers_version" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  [ -f "$tmp/diffusers/__init__.py" ] || die "could not fetch diffusers $diffusers_version"
+  for d in pipelines modular_pipelines commands experimental; do
+    [ -d "$tmp/diffusers/$d" ] || continue
+    find "$tmp/diffusers/$d" -mindepth 1 -maxdepth 1 ! -name __init__.py -exec rm -rf {} +
+  done
+  cp -r "$tmp/diffusers" "$tmp/diffusers-$diffusers_version.dist-info" .deps/python/
+  rm -rf "$tmp"
   find .deps -name __pycache__ -prune -exec rm -rf {} +
-  say "staged .deps/ ($(du -sh .deps | cut -f1)): cuDNN frontend headers, mlperf_logging, safetensors"
+  say "staged .deps/ ($(du -sh .deps | cut -f1)): cuDNN frontend headers, mlperf_logging, safetensors, diffusers $diffusers_version"
 fi
