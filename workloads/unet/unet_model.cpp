@@ -131,7 +131,10 @@ struct OpTimer {
   size_t used = 0;
   std::array<double, kOpClasses> ms{};
   std::array<int64_t, kOpClasses> calls{};
-  int64_t steps = 0;  // region "input.fwd" starts seen: steps run, warm-up included
+  // Steps summed: all but the first, whose launches load the kernels' modules (CUDA's lazy
+  // loading) and warm the libraries; the first alone in a one-step run.
+  int64_t steps = 0;
+  int64_t started = 0;  // region "input.fwd" starts seen
 
   OpTimer(std::string file, size_t pool) : path(std::move(file)), classes(pool, kBoundary) {
     for (size_t i = 0; i < pool; ++i) {
@@ -146,6 +149,17 @@ struct OpTimer {
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
 
+  // At the start of every step (before its first mark): the first step's times are dropped.
+  void start_step() {
+    if (started == 1) {
+      collect();
+      ms.fill(0);
+      calls.fill(0);
+      steps = 0;
+    }
+    started += 1;
+    steps += 1;
+  }
   void mark(int op_class, cudaStream_t s) {
     if (used == events.size()) collect();
     REPLAY_CUDA_CHECK(cudaEventRecord(events[used], s));
@@ -212,7 +226,8 @@ struct UnetModel::Impl {
   std::vector<int64_t> rows;                // the samples of the batch being loaded
   int64_t next_batch = 0;
   double flops = 0;
-  std::unique_ptr<OpTimer> timer;  // --op-times only
+  std::array<double, kOpClasses> class_flops{}, class_bytes{};  // a step's, by OpClass
+  std::unique_ptr<OpTimer> timer;                               // --op-times only
   // --poison-dead-buffers: after each phase, the buffers whose lifetime ended there, filled with
   // 0xFF bytes (NaN in every float type). Built on the first use, after bind().
   bool poison = false;
@@ -262,7 +277,16 @@ struct Node {
   virtual bool recomputable() const { return false; }
   virtual void recompute(UnetModel::Impl&, cudaStream_t) {}
   virtual double flops() const { return 0; }  // forward and backward
+  // --op-times: the bytes of activations and gradients a forward (backward false) or backward
+  // must move to or from memory at the least (each tensor read or written once, 16-bit storage;
+  // parameters, statistics and per-channel sums left out); 0 where the op is counted in FLOPs.
+  virtual double bytes(const UnetModel::Impl&, bool /*backward*/) const { return 0; }
 };
+
+// Bytes of `count` tensors' elements each.
+double elements(const UnetModel::Impl& m, int t) {
+  return static_cast<double>(m.tensors[static_cast<size_t>(t)].numel());
+}
 
 void UnetModel::Impl::poison_after(int phase, cudaStream_t s) {
   if (dead_after.empty()) {
@@ -337,6 +361,12 @@ void pass_grad(Impl& m, const Node& n, size_t i, const void* dy, cudaStream_t s)
     REPLAY_CUDA_CHECK(cudaMemcpyAsync(t.gdata, dy, static_cast<size_t>(t.numel()) * 2,
                                       cudaMemcpyDeviceToDevice, s));
   }
+}
+
+// The bytes pass_grad moves: a copy, or an addition into the gradient; nothing without one.
+double pass_bytes(const Impl& m, const Node& n, size_t i) {
+  if (!m.tensors[static_cast<size_t>(n.ins[i])].grad) return 0;
+  return 2.0 * elements(m, n.ins[i]) * (n.acc[i] ? 3.0 : 2.0);
 }
 
 // The deterministic attention backward's workspace, about B x heads x Sq x Skv x 2 bytes (5122.5
@@ -422,6 +452,12 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
           n > 0, m.gn_ws, m.gn_ws_bytes, s);
     }
   }
+  // Forward: x read, y written. Backward: x and dy read, dx written (and read where it is added
+  // to).
+  double bytes(const Impl&, bool backward) const override {
+    const auto e = static_cast<double>(shape.elements());
+    return 2.0 * e * (backward ? 3.0 + (acc[0] ? 1.0 : 0.0) : 2.0);
+  }
 };
 
 struct LinearNode : Node {
@@ -464,6 +500,9 @@ struct SiluNode : Node {
     Tensor& x = m.T(ins[0]);
     silu_backward(x.dtype, x.gdata, m.T(outs[0]).gdata, x.bdata(), x.numel(), acc[0], s);
   }
+  double bytes(const Impl& m, bool backward) const override {
+    return 2.0 * elements(m, ins[0]) * (backward ? 3.0 + (acc[0] ? 1.0 : 0.0) : 2.0);
+  }
 };
 
 struct AddNode : Node {
@@ -475,6 +514,10 @@ struct AddNode : Node {
     const void* dy = m.T(outs[0]).gdata;
     pass_grad(m, *this, 0, dy, s);
     pass_grad(m, *this, 1, dy, s);
+  }
+  double bytes(const Impl& m, bool backward) const override {
+    return backward ? pass_bytes(m, *this, 0) + pass_bytes(m, *this, 1)
+                    : 2.0 * 3.0 * elements(m, outs[0]);
   }
 };
 
@@ -491,6 +534,11 @@ struct ChannelBiasNode : Node {  // ins: h [N * P, C], t [N, C]
     channel_bias_backward(m.config.dtype, m.T(ins[1]).gdata, dy, batch, pixels, channels,
                           m.cbias_ws, m.cbias_ws_bytes, s);
   }
+  // Forward: h read, y written. Backward: dh passed on, dy read again for the bias sums.
+  double bytes(const Impl& m, bool backward) const override {
+    const double e = elements(m, outs[0]);
+    return backward ? pass_bytes(m, *this, 0) + 2.0 * e : 2.0 * 2.0 * e;
+  }
 };
 
 struct UpsampleNode : Node {
@@ -502,6 +550,10 @@ struct UpsampleNode : Node {
     const GradTarget g = grad_target(m, *this, 0);
     upsample_nearest2x_backward(m.config.dtype, g.ptr, m.T(outs[0]).gdata, shape, s);
     finish_grad(m, *this, 0, g, s);
+  }
+  double bytes(const Impl& m, bool backward) const override {
+    const double e = elements(m, ins[0]) + elements(m, outs[0]);
+    return 2.0 * (backward && acc[0] ? e + 3.0 * elements(m, ins[0]) : e);
   }
 };
 
@@ -515,6 +567,11 @@ struct ConcatNode : Node {
   void backward(Impl& m, cudaStream_t s) override {
     concat_channels_backward(m.config.dtype, m.T(ins[0]).gdata, m.T(ins[1]).gdata,
                              m.T(outs[0]).gdata, ca, cb, rows, acc[0], acc[1], s);
+  }
+  double bytes(const Impl& m, bool backward) const override {
+    double e = 2.0 * elements(m, outs[0]);  // the parts read and the whole written, or back
+    if (backward) e += (acc[0] ? elements(m, ins[0]) : 0.0) + (acc[1] ? elements(m, ins[1]) : 0.0);
+    return 2.0 * e;
   }
 };
 
@@ -588,6 +645,12 @@ struct GegluNode : Node {
   bool recomputable() const override { return true; }
   void recompute(Impl& m, cudaStream_t s) override {
     geglu_forward(m.config.dtype, m.T(outs[0]).rdata, m.T(ins[0]).data, rows, f, s);
+  }
+  // Forward: the projection [rows, 2f] read, [rows, f] written. Backward: dy and the projection
+  // read, its gradient written.
+  double bytes(const Impl& m, bool backward) const override {
+    const double in = elements(m, ins[0]), out = elements(m, outs[0]);
+    return 2.0 * (backward ? out + 2.0 * in : in + out);
   }
 };
 
@@ -1053,6 +1116,19 @@ void UnetModel::Impl::finish() {
       n->op_class = OpClass::kDiffusion;
     }
   }
+  // What each class computes and moves in a step (--op-times' rates): every node's forward and
+  // backward, and the forward again of each recomputed tensor's producer.
+  class_flops.fill(0);
+  class_bytes.fill(0);
+  for (const auto& n : nodes) {
+    const auto c = static_cast<size_t>(n->op_class);
+    class_flops[c] += n->flops();
+    class_bytes[c] += n->bytes(*this, false) + n->bytes(*this, true);
+    for (int t : n->recomputes) {
+      const Node& p = *nodes[static_cast<size_t>(T(t).producer)];
+      class_bytes[static_cast<size_t>(p.op_class)] += p.bytes(*this, false);
+    }
+  }
 }
 
 // ---- UnetModel
@@ -1130,26 +1206,39 @@ void UnetModel::poison_dead_buffers() {
 }
 
 void UnetModel::write_op_times() {
-  OpTimer& t = *impl_->timer;
+  const Impl& m = *impl_;
+  OpTimer& t = *m.timer;
   t.collect();
   std::FILE* f = std::fopen(t.path.c_str(), "w");
   if (f == nullptr) throw Error("replay-unet", "io", "--op-times: cannot write " + t.path);
   const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
   double total = 0;
   for (double v : t.ms) total += v;
-  std::fprintf(f, "{\n  \"steps\": %" PRId64 ",\n  \"model_ms_per_step\": %.4f,\n", t.steps,
-               total / steps);
+  std::fprintf(f,
+               "{\n  \"steps\": %" PRId64 ",\n  \"steps_run\": %" PRId64
+               ",\n  \"model_ms_per_step\": %.4f,\n",
+               t.steps, t.started, total / steps);
   std::fprintf(f, "  \"classes\": {\n");
   for (int c = 0; c < kOpClasses; ++c) {
     const auto i = static_cast<size_t>(c);
-    std::fprintf(f, "    \"%s\": {\"ms_per_step\": %.4f, \"calls_per_step\": %.1f}%s\n",
-                 op_class_name(static_cast<OpClass>(c)), t.ms[i] / steps,
-                 static_cast<double>(t.calls[i]) / steps, c + 1 < kOpClasses ? "," : "");
+    const double ms = t.ms[i] / steps;
+    std::fprintf(f, "    \"%s\": {\"ms_per_step\": %.4f, \"calls_per_step\": %.1f",
+                 op_class_name(static_cast<OpClass>(c)), ms,
+                 static_cast<double>(t.calls[i]) / steps);
+    // Achieved rates: the class's model FLOPs, or its least memory traffic, over its time.
+    if (m.class_flops[i] > 0)
+      std::fprintf(f, ", \"gflop_per_step\": %.3f, \"tflop_per_s\": %.2f", m.class_flops[i] / 1e9,
+                   ms > 0 ? m.class_flops[i] / (ms * 1e9) : 0.0);
+    if (m.class_bytes[i] > 0)
+      std::fprintf(f, ", \"gb_per_step\": %.3f, \"gb_per_s\": %.1f", m.class_bytes[i] / 1e9,
+                   ms > 0 ? m.class_bytes[i] / (ms * 1e6) : 0.0);
+    std::fprintf(f, "}%s\n", c + 1 < kOpClasses ? "," : "");
   }
   std::fprintf(f, "  }\n}\n");
   if (std::fclose(f) != 0) throw Error("replay-unet", "io", "--op-times: cannot write " + t.path);
-  std::fprintf(stderr, "# op times: %s (%.1f ms of model ops a step over %" PRId64 " steps)\n",
-               t.path.c_str(), total / steps, t.steps);
+  std::fprintf(stderr, "# op times: %s (%.1f ms of model ops a step over %" PRId64 " steps%s)\n",
+               t.path.c_str(), total / steps, t.steps,
+               t.started > t.steps ? ", the first step dropped" : "");
 }
 
 std::string UnetModel::describe() const {
@@ -1279,6 +1368,8 @@ UnetStructure unet_structure(const UnetConfig& config) {
   }
   s.nodes_per_class.assign(kOpClasses, 0);
   for (const auto& n : m.nodes) s.nodes_per_class[static_cast<size_t>(n->op_class)] += 1;
+  s.flops_per_class.assign(m.class_flops.begin(), m.class_flops.end());
+  s.bytes_per_class.assign(m.class_bytes.begin(), m.class_bytes.end());
   ArenaPlan plan;
   m.plan_buffers(plan);
   plan.plan();
@@ -1499,8 +1590,8 @@ std::vector<graphs::Region> UnetModel::regions() {
     const std::vector<Node*> nodes = by_block[static_cast<size_t>(b)];
     r.enqueue = [&m, nodes, b](cudaStream_t s, const graphs::RegionArgs&) {
       if (m.timer) {
+        if (b == 0) m.timer->start_step();
         m.timer->mark(OpTimer::kBoundary, s);
-        if (b == 0) m.timer->steps += 1;
       }
       for (Node* n : nodes) {
         n->forward(m, s);

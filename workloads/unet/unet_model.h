@@ -100,6 +100,10 @@ struct UnetStructure {
   std::vector<int64_t> parameter_sizes;          // elements, same order
   std::vector<train::ParamInit> parameter_init;  // same order
   std::vector<int> nodes_per_class;  // nodes of each OpClass (--op-times), in OpClass order
+  // A step's model FLOPs and least memory traffic of each OpClass (--op-times' rates): FLOPs for
+  // convolutions, linear layers and attention; bytes of 16-bit activations and gradients, each
+  // read or written once, for the norms and the pointwise ops (UnetModel's nodes say which).
+  std::vector<double> flops_per_class, bytes_per_class;
   // The arena the model plans, its buffers at their lifetimes, with each attention call's
   // workspace estimated (the deterministic backward's: about B x heads x Sq x Skv x 2 bytes; the
   // forward's taken as 0) and without the other library workspaces (cuDNN's convolutions,
@@ -166,8 +170,10 @@ class UnetModel : public train::Model {
   double loss_floor() const override;
 
   // --op-times FILE (eager runs only): every node's forward and backward timed with CUDA events,
-  // summed per OpClass, written to FILE as JSON when the model is destroyed. Call before
-  // regions(); the event readback synchronizes at every load_batch.
+  // summed per OpClass over every step but the first (lazy module loading), written to FILE as
+  // JSON when the model is destroyed: per class ms and calls a step, and the achieved rate (model
+  // TFLOP/s, or GB/s of least memory traffic: UnetStructure::flops_per_class, bytes_per_class).
+  // Call before regions(); the event readback synchronizes at every load_batch.
   void time_ops(const std::string& path);
   // --poison-dead-buffers (eager runs only; a check, not a timed run): after every node's
   // forward and backward, the activation and gradient buffers whose planned lifetime ended there

@@ -271,5 +271,78 @@ TEST(UnetStructure, OpTimesClassesCountTinysNodes) {
   EXPECT_EQ(total, s.nodes);
 }
 
+// --op-times' rates: the norms' least memory traffic, counted here from SD2's architecture (16
+// bit: 2 bytes an element). A norm's forward reads x and writes y (2 tensors); its backward reads x
+// and dy and writes dx (3), and reads dx too where the gradient is added to (4): a residual
+// block's norm1 and a transformer's GroupNorm and LayerNorms, whose input also feeds a later
+// residual sum (whose backward runs first and writes the gradient).
+TEST(UnetStructure, OpTimesRatesCountSd2sNormBytesAndFlops) {
+  const UnetConfig c = preset_config("sd2-b32");
+  const UnetStructure s = unet_structure(c);
+  ASSERT_EQ(s.flops_per_class.size(), static_cast<size_t>(kOpClasses));
+  ASSERT_EQ(s.bytes_per_class.size(), static_cast<size_t>(kOpClasses));
+  const double B = 32;
+  const double ch[4] = {320, 640, 1280, 1280}, res[4] = {64, 32, 16, 8};
+  double gn = 0, ln = 0;  // elements times tensors moved
+  auto resnet = [&](double r, double cin, double cout) { gn += B * r * r * (6 * cin + 5 * cout); };
+  auto transformer = [&](double r, double C) {
+    gn += 6 * B * r * r * C;
+    ln += 3 * 6 * B * r * r * C;
+  };
+  double cin = 320;
+  for (int i = 0; i < 4; ++i) {  // down
+    for (int k = 0; k < 2; ++k) {
+      resnet(res[i], k == 0 ? cin : ch[i], ch[i]);
+      if (i < 3) transformer(res[i], ch[i]);
+    }
+    cin = ch[i];
+  }
+  resnet(8, 1280, 1280);  // mid
+  transformer(8, 1280);
+  resnet(8, 1280, 1280);
+  // up: the skips pop in reverse of [320 | 320 320 320 | 640 640 640 | 1280 1280 1280 | 1280 1280]
+  std::vector<double> skips = {320, 320, 320, 320, 640, 640, 640, 1280, 1280, 1280, 1280, 1280};
+  double prev = 1280;
+  for (int lvl = 3; lvl >= 0; --lvl) {
+    for (int k = 0; k < 3; ++k) {
+      const double skip = skips.back();
+      skips.pop_back();
+      resnet(res[lvl], (k == 0 ? prev : ch[lvl]) + skip, ch[lvl]);
+      if (lvl < 3) transformer(res[lvl], ch[lvl]);
+    }
+    prev = ch[lvl];
+  }
+  ASSERT_TRUE(skips.empty());
+  gn += 5 * B * 64 * 64 * 320;  // conv_norm_out
+  auto bytes = [&s](OpClass k) { return s.bytes_per_class[static_cast<size_t>(k)]; };
+  auto flops = [&s](OpClass k) { return s.flops_per_class[static_cast<size_t>(k)]; };
+  EXPECT_DOUBLE_EQ(bytes(OpClass::kGroupNorm), 2 * gn);
+  EXPECT_DOUBLE_EQ(bytes(OpClass::kLayerNorm), 2 * ln);
+  // 16.4 GB of GroupNorm traffic and 13.3 of LayerNorm a step at 32 images: 5.5 and 4.4 ms at the
+  // H100's 3 TB/s.
+  EXPECT_NEAR(bytes(OpClass::kGroupNorm) / 1e9, 16.45, 0.01);
+  EXPECT_NEAR(bytes(OpClass::kLayerNorm) / 1e9, 13.31, 0.01);
+  // FLOPs where the work is matrix products, bytes where it is memory traffic.
+  for (OpClass k : {OpClass::kConv, OpClass::kLinear, OpClass::kAttention}) {
+    EXPECT_GT(flops(k), 0) << op_class_name(k);
+    EXPECT_EQ(bytes(k), 0) << op_class_name(k);
+  }
+  for (OpClass k : {OpClass::kGroupNorm, OpClass::kLayerNorm, OpClass::kPointwise}) {
+    EXPECT_EQ(flops(k), 0) << op_class_name(k);
+    EXPECT_GT(bytes(k), 0) << op_class_name(k);
+  }
+  double total = 0;
+  for (double f : s.flops_per_class) total += f;
+  EXPECT_DOUBLE_EQ(total, s.flops_per_step);
+  // --recompute norms runs every kept norm's forward again: 2 tensors of it, more bytes.
+  UnetConfig r = c;
+  r.recompute_norms = true;
+  const UnetStructure rs = unet_structure(r);
+  EXPECT_GT(rs.bytes_per_class[static_cast<size_t>(OpClass::kGroupNorm)],
+            bytes(OpClass::kGroupNorm));
+  EXPECT_LT(rs.bytes_per_class[static_cast<size_t>(OpClass::kGroupNorm)],
+            bytes(OpClass::kGroupNorm) * 1.5);
+}
+
 }  // namespace
 }  // namespace replay::unet
