@@ -1484,10 +1484,8 @@ def multi_gpu_targets(runs, probe=None):
             if a is None or e is None:
                 continue
             r = _median(a) / _median(e)
-            note = ("layer mode reduce-scatters each gradient bucket inside the region that finishes it: "
-                    "nothing to overlap with" if lay.startswith("dp") and mode == "layer" and r > 1 else None)
             # Within 1%: the run-to-run spread of a 10-30 step median.
-            out.append(_target(f"{lay} {mode} step / eager", r, 1.01, PASS if r <= 1.01 else FAIL, note))
+            out.append(_target(f"{lay} {mode} step / eager", r, 1.01, PASS if r <= 1.01 else FAIL))
     for lay in layouts:
         hashes = {m: d.get("loss_hash") for (l2, m), d in rep.items() if l2 == lay}
         if len(hashes) > 1:

@@ -97,16 +97,15 @@ void Trainer::allocate() {
 
 // NVTX range and the region's name in its errors; the planted fault, when there is one, at the end
 // of the region's work, with its arguments.
-graphs::Region Trainer::wrap(graphs::Region r, int site, std::vector<int> buckets) {
+graphs::Region Trainer::wrap(graphs::Region r, int site) {
   graphs::FaultInjector* inject = site >= 0 ? injector_.get() : nullptr;
   auto work = std::move(r.enqueue);
-  r.enqueue = [this, name = r.name, inject, site, buckets = std::move(buckets),
-               work = std::move(work)](cudaStream_t s, const graphs::RegionArgs& a) {
+  r.enqueue = [name = r.name, inject, site, work = std::move(work)](cudaStream_t s,
+                                                                    const graphs::RegionArgs& a) {
     nvtxRangePushA(name.c_str());
     try {
       work(s, a);
       if (inject) inject->enqueue(s, a, site);
-      if (!buckets.empty()) reduce_scatter_buckets(buckets, s);
     } catch (const Error& e) {
       nvtxRangePop();
       throw Error(e.library(), e.status(), "region '" + name + "': " + e.what());
@@ -157,21 +156,25 @@ void Trainer::build_step_plan() {
   std::vector<std::vector<int>> buckets(regions.size());
   if (options_.data_parallel != nullptr) {
     buckets = bucket_regions(regions);
-    // Overlap on a side stream where the regions of a step run as one stream of work; in layer
-    // mode each region is its own graph, which must join its forks, so they go inline.
-    overlap_ = options_.mode != graphs::GraphMode::kLayer;
-    if (overlap_) {
-      REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
-      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_fork_, cudaEventDisableTiming));
-      REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_join_, cudaEventDisableTiming));
-    }
+    REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_fork_, cudaEventDisableTiming));
+    REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&comm_join_, cudaEventDisableTiming));
   }
-  for (size_t i = 0; i < regions.size(); ++i)
-    step_plan_->add_region(wrap(std::move(regions[i]),
-                                i == planted  ? 0
-                                : i == second ? 1
-                                              : -1,
-                                std::move(buckets[i])));
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const std::string name = regions[i].name;
+    step_plan_->add_region(wrap(std::move(regions[i]), i == planted ? 0 : i == second ? 1 : -1));
+    if (buckets[i].empty()) continue;
+    // The buckets this region finishes, reduce-scattered on the side stream while the backward
+    // goes on: a region of their own (kOther), so in layer mode they run eagerly between the
+    // layer graphs (a layer graph would have to join its fork before it ends: no overlap), and in
+    // full mode the whole step's graph holds the fork and the optimizer's join.
+    graphs::Region rs;
+    rs.name = name + ".grad_rs";
+    rs.enqueue = [this, b = std::move(buckets[i])](cudaStream_t s, const graphs::RegionArgs&) {
+      reduce_scatter_buckets(b, s);
+    };
+    step_plan_->add_region(wrap(std::move(rs), -1));
+  }
   graphs::Region opt;
   opt.name = "optimizer";
   opt.enqueue = [this](cudaStream_t s, const graphs::RegionArgs&) { optimizer_step(s); };
@@ -242,10 +245,6 @@ void Trainer::reduce_scatter_bucket(int b, cudaStream_t s) const {
 }
 
 void Trainer::reduce_scatter_buckets(const std::vector<int>& buckets, cudaStream_t s) const {
-  if (!overlap_) {
-    for (int b : buckets) reduce_scatter_bucket(b, s);
-    return;
-  }
   REPLAY_CUDA_CHECK(cudaEventRecord(comm_fork_, s));
   REPLAY_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, comm_fork_, 0));
   for (int b : buckets) reduce_scatter_bucket(b, comm_stream_);
@@ -259,7 +258,7 @@ void Trainer::optimizer_step(cudaStream_t s) const {
   comm::Communicator* dp = options_.data_parallel;
   comm::Communicator* tp = options_.tensor_parallel;
   // The buckets reduce-scattered on the side stream during the backward, joined first.
-  if (overlap_ && optimizer_buckets_.size() < params.buckets().size()) {
+  if (comm_stream_ != nullptr && optimizer_buckets_.size() < params.buckets().size()) {
     REPLAY_CUDA_CHECK(cudaEventRecord(comm_join_, comm_stream_));
     REPLAY_CUDA_CHECK(cudaStreamWaitEvent(s, comm_join_, 0));
   }

@@ -144,14 +144,14 @@ class Trainer {
   void build_step_plan();
   void build_eval_plan();
   // `site`: which of the fault's sites the region is (FaultInjector::sites()); -1: none.
-  graphs::Region wrap(graphs::Region region, int site, std::vector<int> buckets = {});
+  graphs::Region wrap(graphs::Region region, int site);
   // Data parallelism: which buckets each region finishes (the last region in step order whose
   // arguments write a bucket's gradients); the others go with the optimizer.
   std::vector<std::vector<int>> bucket_regions(const std::vector<graphs::Region>& regions);
   // The mean over the data-parallel ranks of bucket b's gradients, this rank's part in place.
   void reduce_scatter_bucket(int b, cudaStream_t stream) const;
-  // Enqueues the reduce-scatters of `buckets` after the work on `stream` so far: on the side
-  // stream when overlapping (joined by the optimizer), else on `stream`.
+  // Enqueues the reduce-scatters of `buckets` after the work on `stream` so far, on the side
+  // stream (the optimizer joins it).
   void reduce_scatter_buckets(const std::vector<int>& buckets, cudaStream_t stream) const;
   void optimizer_step(cudaStream_t stream) const;
   bool stalls_here() const;  // --inject rank-stall: this process is the one that stalls
@@ -179,11 +179,9 @@ class Trainer {
   std::unique_ptr<graphs::ReadbackRing> readback_;
   std::unique_ptr<graphs::FaultInjector> injector_;     // --inject only
   std::unique_ptr<graphs::Conditionals> conditionals_;  // TrainingConfig::skip_with_if only
-  // Overlapped reduce-scatters (data parallel, none and full mode): their stream, the fork and
-  // join events, and whether a step forked any.
+  // Overlapped reduce-scatters (data parallel, every mode): their stream, the fork and join events.
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t comm_fork_ = nullptr, comm_join_ = nullptr;
-  bool overlap_ = false;
   std::vector<int> optimizer_buckets_;  // reduce-scattered by the optimizer itself
   std::unique_ptr<graphs::StepPlan> step_plan_;
   std::unique_ptr<graphs::StepPlan> eval_plan_;

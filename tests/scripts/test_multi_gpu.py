@@ -248,8 +248,8 @@ def crosscheck(workload, bin_dir, mpiexec, tmp, failures):
               f"{a} < {b} bytes, {b - a} saved)", failures)
 
     # Gradient buckets: with --dp-bucket-size small enough for several, each bucket is
-    # reduce-scattered after the region that finishes it, on a side stream in none and full mode
-    # (overlapping the rest of the backward), inline in layer mode. Bit-identical across the modes;
+    # reduce-scattered after the region that finishes it, on a side stream overlapping the rest
+    # of the backward (eagerly between the layer graphs in layer mode). Bit-identical across the modes;
     # step 0 is the one-bucket run's (the shares differ, so the norm's sums and later steps may
     # round differently), and the one-GPU comparison holds.
     bucketed = three_modes(workload, "DP2-buckets", [*launch, "--dp-bucket-size", "100000"], tmp, failures)

@@ -1015,7 +1015,6 @@ class MultiGpuReport(TempDirCase):
         self.assertEqual(table_row(md, "tp2sp full step / the shard on one GPU")[3], "pass")
         row = table_row(md, "dp2 layer step / eager")
         self.assertEqual(row[1:4], ["1.064", "<= 1.01", "FAIL"])
-        self.assertIn("nothing to overlap with", row[4])
         self.assertEqual(table_row(md, "dp2 full step / eager")[3], "pass")
         self.assertEqual(table_row(md, "tp2: loss hash identical across modes")[3], "pass")
         self.assertEqual(table_row(md, "collectives' bus bandwidth / the probe's at the same size")[2:4],
