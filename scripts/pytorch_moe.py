@@ -506,10 +506,11 @@ def choose_experts_gemm(requested):
     return requested
 
 
-def choose_attention(model, cfg):
+def choose_attention(model, cfg, mode="auto"):
     """The SDPA backend the default selection takes for the model's q, k, v ([B, H, S, d_qk], v
-    d_v). Where only the math backend takes d_v != d_qk, v is padded to d_qk (as DeepSeek's own code
-    does for flash attention) and the choice is made again. Returns (backend name, padded)."""
+    d_v). Where only the math backend takes d_v != d_qk (mode auto), or always (mode pad), v is padded
+    to d_qk (as DeepSeek's own code does for flash attention) and the choice is made again. Returns
+    (backend name, padded)."""
     import torch
     from pytorch_baseline import _backend_name
     B, S, H = cfg["micro_batch"], cfg["seq"], cfg["heads"]
@@ -517,7 +518,7 @@ def choose_attention(model, cfg):
     q = torch.empty(B, H, S, qk, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     v = torch.empty(B, H, S, cfg["v_head_dim"], dtype=torch.bfloat16, device="cuda", requires_grad=True)
     name = _backend_name(q, q, v, False)
-    padded = name in (None, "MATH")
+    padded = mode == "pad" or name in (None, "MATH")
     if padded:
         vp = torch.empty(B, H, S, qk, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         name = _backend_name(q, q, vp, False)
@@ -577,11 +578,11 @@ def run_train(args, cfg):
     peak = measure_gemm_peak(Timer(5, 20))
     torch.cuda.empty_cache()
     model = make_model(cfg, gemm, "cuda")
-    backend, padded = choose_attention(model, cfg)
+    backend, padded = choose_attention(model, cfg, args.attention)
     progress(f"pytorch_moe {cfg['preset']}: torch {env['torch']}, {env['gpu']}; graphs {args.graphs}; "
              f"{cfg['dense_layers']} dense + {cfg['moe_layers']} MoE blocks, hidden {cfg['hidden']}, "
              f"{cfg['heads']} heads, {cfg['local_experts']} local experts x {cfg['capacity']} rows "
-             f"({gemm}), {parameter_count(cfg) / 1e9:.3f} B parameters; attention {backend}"
+             f"({gemm}), {parameter_count(cfg) / 1e6:.1f}M parameters; attention {backend}"
              f"{' (v padded to d_qk)' if padded else ''}; bf16 GEMM peak {peak:.1f} TFLOP/s")
     opt = cfg["optimizer"]
     trainer = MixedPrecisionTrainer(model, opt)
@@ -810,6 +811,9 @@ def build_train_parser():
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--experts-gemm", choices=("auto", "grouped", "loop"), default="auto",
                    help="auto: torch._grouped_mm where this torch has it, else a loop over experts")
+    t.add_argument("--attention", choices=("auto", "pad"), default="auto",
+                   help="auto: SDPA's default selection at d_qk 192, d_v 128 (v padded only if that is the "
+                        "math backend); pad: v padded to d_qk, which flash attention takes")
     t.add_argument("--json", required=True)
     return t
 
