@@ -687,16 +687,19 @@ def cmd_train(args):
     doc, note = None, None
     for moe in tries:
         c = with_layers(cfg, cfg["dense_layers"], moe)
+        why = None
         try:
             doc = run_train(args, c)
             break
         except torch.cuda.OutOfMemoryError as e:
-            note = f"{moe} MoE blocks ran out of GPU memory ({str(e).splitlines()[0][:160]})"
-            progress(note + ("; trying one fewer" if moe != tries[-1] else ""))
-            torch.cuda.synchronize()
-            import gc
-            gc.collect()
-            torch.cuda.empty_cache()
+            why = str(e).splitlines()[0][:160]
+        # Out of the except clause, the traceback and the model its frames hold are gone: free them.
+        note = f"{moe} MoE blocks ran out of GPU memory ({why})"
+        progress(note + ("; trying one fewer" if moe != tries[-1] else ""))
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     if doc is None:
         raise MoeConfigError(note or "no run")
     if note:
