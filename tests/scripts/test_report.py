@@ -926,6 +926,42 @@ class RunsReport(TempDirCase):
         with self.assertRaises(report.ReportError):
             report.report_runs(self.dir, self.dir, "x")
 
+    def write_rnnt(self, name, graphs, decoder, decode_ms, tokens="7c72", loss_hash="h1"):
+        doc = {"tool": "replay-rnnt", "workload": "rnnt", "preset": "mlperf-b192", "graphs": graphs,
+               "config": {"batch": 192, "decoder": decoder, "eval_graph": "two",
+                          "last_eval": {"decoder": decoder, "utterances": 128, "decode_ms": decode_ms,
+                                        "decode_utterances_per_s": 128 / decode_ms * 1e3, "encode_ms": 20.0,
+                                        "hypothesis_labels": 3000, "tokens_hash": tokens}},
+               "step_ms": {"median": 120.0}, "throughput": {"utterances_per_s": 1600.0},
+               "memory": {"peak_bytes": 23 * 2**30}, "loss_hash": loss_hash}
+        with open(os.path.join(self.dir, name + ".json"), "w") as f:
+            json.dump(doc, f)
+
+    def test_rnnt_decoders_side_by_side_against_the_targets(self):
+        self.write_rnnt("rnnt_host", "none", "host", 90.0)
+        self.write_rnnt("rnnt_unrolled", "none", "unrolled", 40.0)
+        self.write_rnnt("rnnt_while_full", "full", "while", 30.0)
+        self.write_rnnt("rnnt_while_none", "none", "while", 35.0)
+        text = open(report.report_runs(self.dir, self.dir, "RNN-T")).read()
+        self.assertIn("## RNN-T greedy decoding", text)
+        self.assertIn("| rnnt_while_full | mlperf-b192 | while | full | 30.00 | 4267 | 20.00 | 128 | 3000 |", text)
+        # The fastest WHILE run against each other decoder: 90 / 30 = 3.0 >= 2.5, 40 / 30 > 1.
+        self.assertIn("| mlperf-b192: WHILE node / host loop throughput (rnnt_while_full vs rnnt_host) | 3.00 "
+                      "| >= 2.5 | pass |", text)
+        self.assertIn("unrolled graph throughput (rnnt_while_full vs rnnt_unrolled) | 1.33 | > 1 | pass |", text)
+        # The decoder and the evaluation's results are not training configuration: hashes still compared.
+        self.assertIn("loss hashes identical in", text)
+
+    def test_rnnt_decoding_misses_and_mismatches_are_said(self):
+        self.write_rnnt("rnnt_host", "none", "host", 60.0)
+        self.write_rnnt("rnnt_while_full", "full", "while", 30.0)
+        text = open(report.report_runs(self.dir, self.dir, "RNN-T")).read()
+        self.assertIn("| 2.00 | >= 2.5 | FAIL |", text)
+        self.assertIn("missing (no unrolled run)", text)
+        self.write_rnnt("rnnt_unrolled", "none", "unrolled", 40.0, tokens="ffff")
+        text = open(report.report_runs(self.dir, self.dir, "RNN-T")).read()
+        self.assertIn("mismatch (tokens differ)", text)
+
 
 class CommReport(TempDirCase):
     def probe_doc(self, ranks=2, wrong=0):
