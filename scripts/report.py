@@ -876,7 +876,11 @@ def load_workload_runs(directory):
 
 # Config keys that must agree between the tools for their step times to be compared.
 SHAPE_KEYS = ("layers", "hidden", "heads", "head_dim", "ffn", "seq", "micro_batch", "microbatches", "vocab",
-              "vocab_shard", "tp")
+              "vocab_shard", "tp",
+              # replay-moe and scripts/pytorch_moe.py: the blocks (671b-ep32 keeps as many as fit), the
+              # experts and their capacity layout
+              "dense_layers", "moe_layers", "experts", "local_experts", "topk", "expert_ffn", "shared_ffn",
+              "capacity_rows_per_expert")
 
 
 def shape_disagreement(a, b):

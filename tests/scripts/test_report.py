@@ -686,6 +686,29 @@ class WorkloadsReport(TempDirCase):
         self.assertEqual(full["status"], report.MISMATCH)
         self.assertIn("layers 7 vs 6", full["note"])
 
+    def test_moe_runs_compare_only_at_the_same_blocks(self):
+        # replay-moe fits 7 of 671b-ep32's blocks; PyTorch (scripts/pytorch_moe.py) may fit fewer.
+        def moe(doc, moe_layers):
+            doc = dict(doc, workload="moe", preset="671b-ep32",
+                       tool="replay-moe" if doc["tool"] == "replay-gpt3" else "pytorch")
+            doc["config"] = {"hidden": 7168, "heads": 64, "seq": 4096, "micro_batch": 1, "dense_layers": 0,
+                             "moe_layers": moe_layers, "experts": 256, "local_experts": 8, "topk": 8,
+                             "capacity_rows_per_expert": 4096, "steps": 10}
+            return doc
+        d = os.path.join(self.dir, "moe")
+        os.makedirs(d)
+        runs = {name.replace("gpt3_175b-tp4", "moe_671b-ep32"): moe(doc, 7) for name, doc in workload_runs().items()}
+        runs["pytorch_moe_671b-ep32_full.json"] = moe(workload_doc("pytorch", "full", 100.0), 6)
+        for name, doc in runs.items():
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
+        _, verdicts = report.report_workloads(d, os.path.join(self.dir, "out"))
+        t = {v["name"]: v for v in verdicts[("moe", "671b-ep32")]}
+        full = t["full-graph step time / PyTorch graphed"]
+        self.assertEqual(full["status"], report.MISMATCH)
+        self.assertIn("moe_layers 7 vs 6", full["note"])
+        self.assertEqual(t["eager step time / PyTorch eager"]["status"], report.PASS)  # both 7 blocks
+
     def test_flop_formula_disagreement_is_said(self):
         runs = workload_runs()
         for name in ("pytorch_gpt3_175b-tp4_none.json", "pytorch_gpt3_175b-tp4_full.json"):
