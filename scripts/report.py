@@ -780,6 +780,8 @@ def report_graphs(json_path, out_dir):
 
 # Targets (replay against PyTorch, and replay against itself).
 FULL_GRAPH_TARGET = 0.90       # replay full-graph step time / PyTorch's torch.cuda.graph step time, at most
+# ... where a workload's issue sets its own: the DeepSeek-V3 shard (issue 30) at most 0.85x.
+FULL_GRAPH_TARGETS = {"moe": 0.85}
 EAGER_TARGET = 1.00            # replay eager step time / PyTorch eager step time, at most
 GRAPH_MEMORY_TOLERANCE = 0.01  # replay peak memory with graphs within this fraction of eager
 CAPTURE_LIMIT_MS = 2000.0      # replay capture + instantiate time of a graph mode, under
@@ -917,11 +919,13 @@ def _ratio_target(name, rep, pt, limit):
     return _target(name, ratio, limit, PASS if ratio <= limit else FAIL)
 
 
-def workload_targets(runs):
-    """The issue's targets for one workload and preset, from its delay-0 runs {(tool, mode): doc}."""
+def workload_targets(runs, workload=None):
+    """The issue's targets for one workload and preset, from its delay-0 runs {(tool, mode): doc}; the
+    full-graph limit is the workload's own where FULL_GRAPH_TARGETS has one."""
     rep = {m: runs.get(("replay", m)) for m in MODES}
     pt = {m: runs.get(("pytorch", m)) for m in MODES}
-    out = [_ratio_target("full-graph step time / PyTorch graphed", rep["full"], pt["full"], FULL_GRAPH_TARGET),
+    full_limit = FULL_GRAPH_TARGETS.get(workload, FULL_GRAPH_TARGET)
+    out = [_ratio_target("full-graph step time / PyTorch graphed", rep["full"], pt["full"], full_limit),
            _ratio_target("eager step time / PyTorch eager", rep["none"], pt["none"], EAGER_TARGET)]
     for mode in ("layer", "full"):
         name = f"peak memory, {mode} graphs / eager"
@@ -1023,7 +1027,7 @@ def section_workload(workload, preset, runs, delay_runs, plot_lines):
                  "host's time to enqueue one step; it approaches the step time when the driver cannot take "
                  "more work ahead (README, \"Looking inside a step\").")
     lines.append("")
-    targets = workload_targets(runs)
+    targets = workload_targets(runs, workload)
     trows = [[t["name"], fmt(t["value"], t["spec"]), _limit_text(t), _result(t)] for t in targets]
     lines += ["### Targets", ""] + table(["target", "value", "limit", "result"], trows) + [""]
     notes = workload_notes(runs)
@@ -1177,8 +1181,9 @@ def report_workloads(directory, out_dir):
             f"{met} of {len(judged)} targets met ({len(failed)} failed, {unjudged} not judged)."]
     if failed:
         head.append("Failed: " + "; ".join(failed) + ".")
+    own = "".join(f" ({w}: {v:.2f}x)" for w, v in FULL_GRAPH_TARGETS.items() if any(k[0] == w for k in groups))
     head += [f"Targets: replay's full-step graph at most {FULL_GRAPH_TARGET:.2f}x PyTorch's graphed step "
-             f"time; replay eager at most {EAGER_TARGET:.2f}x PyTorch eager; replay's peak memory with graphs "
+             f"time{own}; replay eager at most {EAGER_TARGET:.2f}x PyTorch eager; replay's peak memory with graphs "
              f"within {GRAPH_MEMORY_TOLERANCE:.0%} of eager; capture + instantiate under "
              f"{CAPTURE_LIMIT_MS / 1000:g} s per graph mode; identical loss hashes across replay's modes.", ""]
     docs = {}

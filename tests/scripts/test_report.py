@@ -708,6 +708,16 @@ class WorkloadsReport(TempDirCase):
         self.assertEqual(full["status"], report.MISMATCH)
         self.assertIn("moe_layers 7 vs 6", full["note"])
         self.assertEqual(t["eager step time / PyTorch eager"]["status"], report.PASS)  # both 7 blocks
+        # At the same blocks the full graph is judged against the issue's own 0.85 (0.90 / 1.00 fails).
+        runs["pytorch_moe_671b-ep32_full.json"] = moe(workload_doc("pytorch", "full", 100.0), 7)
+        for name, doc in runs.items():
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(doc, f)
+        md, verdicts = report.report_workloads(d, os.path.join(self.dir, "out2"))
+        full = {v["name"]: v for v in verdicts[("moe", "671b-ep32")]}["full-graph step time / PyTorch graphed"]
+        self.assertEqual((full["limit"], full["status"]), (0.85, report.FAIL))
+        with open(md) as f:
+            self.assertIn("(moe: 0.85x)", f.read())
 
     def test_flop_formula_disagreement_is_said(self):
         runs = workload_runs()
