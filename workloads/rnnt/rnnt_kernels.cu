@@ -513,3 +513,29 @@ void ema_update(float* ema, const float* w, int64_t n, float decay, cudaStream_t
 }
 
 }  // namespace replay::rnnt
+
+namespace replay::rnnt {
+namespace {
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void clock_mark_kernel(uint64_t* clock, int slot) {
+  const uint64_t now = global_ns();
+  if (slot >= 0) clock[1 + slot] += now - clock[0];
+  clock[0] = now;
+}
+
+}  // namespace
+
+void clock_mark(uint64_t* clock, int slot, int slots, cudaStream_t stream) {
+  REPLAY_REQUIRE(clock != nullptr, "clock_mark: null clock");
+  REPLAY_REQUIRE(slot >= -1 && slot < slots, "clock_mark: slot out of range");
+  clock_mark_kernel<<<1, 1, 0, stream>>>(clock, slot);
+  REPLAY_LAUNCH_CHECK();
+}
+
+}  // namespace replay::rnnt

@@ -115,3 +115,15 @@ namespace replay::rnnt {
 void ema_update(float* ema, const float* w, int64_t n, float decay, cudaStream_t stream);
 
 }  // namespace replay::rnnt
+
+namespace replay::rnnt {
+
+// ---- A stopwatch on the device -----------------------------------------------------------------
+// Times phases of work that may be inside CUDA graphs and WHILE nodes, with no host read until the
+// end: clock [1 + slots] uint64, clock[0] the last mark (%globaltimer, ns), clock[1 + k] the time
+// summed into slot k. clock_mark(clock, k) adds (now - clock[0]) to clock[1 + k] when k >= 0 and
+// sets clock[0] = now; k = -1 only marks. One thread, in stream order: a mark is taken when the
+// work before it on the stream is done. %globaltimer's resolution is a microsecond or finer.
+void clock_mark(uint64_t* clock, int slot, int slots, cudaStream_t stream);
+
+}  // namespace replay::rnnt

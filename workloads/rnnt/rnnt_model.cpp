@@ -324,6 +324,7 @@ void RnntModel::plan(ArenaPlan& plan) {
   add(plan, &eval_tokens_, "eval.tokens", DType::kINT32, eval_batches_ * B * S);
   add(plan, &eval_lens_, "eval.lengths", DType::kINT32, eval_batches_ * B);
   add(plan, &eval_counter_, "eval.counter", DType::kINT32, 1);
+  add(plan, reinterpret_cast<void**>(&eval_clock_), "eval.clock", DType::kINT64, 3);
   if (shape_.ema > 0.0f) {
     // Carried from step to step: its own lifetime (the whole run), not the activations'.
     ema_id_ = plan.add("rnnt.ema", DType::kFP32, params_.buffer_numel(), "optimizer");
@@ -831,10 +832,10 @@ std::optional<train::EvalInfo> RnntModel::evaluation() const {
   // Whole batches of the held-out split (the last one's empty slots count as samples).
   e.default_samples = eval_batches_ * shape_.batch;
   e.available_samples = eval_batches_ * shape_.batch;
-  // The encoder and the WHILE-node decoder as two graphs in full mode too: captured into one graph
-  // they aborted the process during set-up on an H100 (CUDA 13.0, cuDNN 9.14; a glibc mutex
-  // assertion, not yet root-caused), where two graphs run correctly.
-  e.one_graph_in_full = false;
+  // The encoder and the WHILE-node decoder as two graphs in full mode unless --eval-graph one:
+  // captured into one graph they aborted the process during set-up on an H100 (CUDA 13.0, cuDNN
+  // 9.14; a glibc mutex assertion; lab/rnnt_one_graph probes it), where two graphs run correctly.
+  e.one_graph_in_full = data_.eval_one_graph;
   return e;
 }
 
@@ -850,6 +851,7 @@ std::vector<train::Model::NamedTensor> RnntModel::checkpoint_state() const {
 }
 
 void RnntModel::eval_encoder(cudaStream_t s) {
+  clock_mark(eval_clock_, -1, 2, s);
   if (eval_weights_ != nullptr)  // evaluation decodes with the EMA of the weights
     cast_from_fp32(eval_weights_, shape_.dtype, ema_, params_.buffer_numel(), s);
   // No dropout: the stacked pre-network output feeds the post network directly.
@@ -867,6 +869,7 @@ void RnntModel::eval_encoder(cudaStream_t s) {
   fe.a = y2_, fe.b = eval_weight(enc_proj_.weight), fe.d = e_;
   fe.bias = eval_weight(enc_proj_.bias);
   gemm(linear_forward(shape_.batch * eval_.Te, shape_.enc_hidden, shape_.joint_hidden), fe, s);
+  clock_mark(eval_clock_, 0, 2, s);
 }
 
 void RnntModel::decode_step(cudaStream_t s) {
@@ -896,6 +899,7 @@ void RnntModel::decode_step(cudaStream_t s) {
 
 void RnntModel::eval_decode(cudaStream_t s) {
   const DecodeShape ds = decode_shape();
+  clock_mark(eval_clock_, -1, 2, s);
   decode_init(dec_, dec_h_, dec_c_, shape_.dtype, static_cast<const int32_t*>(enc_len_), ds, s);
   if (data_.decoder == DecoderKind::kHost) {
     // The eager reference: one step, then the host reads the flag (a sync per step). Every step
@@ -937,6 +941,7 @@ void RnntModel::eval_decode(cudaStream_t s) {
   }
   decode_store(static_cast<int32_t*>(eval_tokens_), static_cast<int32_t*>(eval_lens_),
                static_cast<int32_t*>(eval_counter_), eval_batches_, dec_, ds, s);
+  clock_mark(eval_clock_, 1, 2, s);
 }
 
 std::vector<graphs::Region> RnntModel::eval_regions() {
@@ -960,7 +965,8 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
         .write("enc_post.lengths", TensorView(enc_post_.lengths, DType::kINT32, {B}))
         .write("y1", TensorView(y1_, dt, {B, eval_.T, H}))
         .write("y2", TensorView(y2_, dt, {B, eval_.Te, H}))
-        .write("e", TensorView(e_, dt, {B, eval_.Te, J}));
+        .write("e", TensorView(e_, dt, {B, eval_.Te, J}))
+        .read_write("eval.clock", TensorView(eval_clock_, DType::kINT64, {3}));
   };
   out.push_back(std::move(enc));
   Region dec;
@@ -990,7 +996,8 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
         .write("lstm_lengths", TensorView(step_lengths_, DType::kINT32, {B}))
         .read_write("eval.tokens", TensorView(eval_tokens_, DType::kINT32, {eval_batches_, B, S}))
         .read_write("eval.lengths", TensorView(eval_lens_, DType::kINT32, {eval_batches_, B}))
-        .read_write("eval.counter", TensorView(eval_counter_, DType::kINT32, {1}));
+        .read_write("eval.counter", TensorView(eval_counter_, DType::kINT32, {1}))
+        .read_write("eval.clock", TensorView(eval_clock_, DType::kINT64, {3}));
   };
   out.push_back(std::move(dec));
   return out;
@@ -998,6 +1005,7 @@ std::vector<graphs::Region> RnntModel::eval_regions() {
 
 void RnntModel::begin_eval(cudaStream_t stream) {
   REPLAY_CUDA_CHECK(cudaMemsetAsync(eval_counter_, 0, sizeof(int32_t), stream));
+  REPLAY_CUDA_CHECK(cudaMemsetAsync(eval_clock_, 0, 3 * sizeof(uint64_t), stream));
   next_eval_ = 0;
   evaluated_ = 0;
 }
@@ -1037,6 +1045,9 @@ double RnntModel::end_eval(cudaStream_t stream) {
                                     cudaMemcpyDeviceToHost, stream));
   REPLAY_CUDA_CHECK(cudaMemcpyAsync(lens.data(), eval_lens_, lens.size() * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, stream));
+  uint64_t clock[3] = {0, 0, 0};
+  REPLAY_CUDA_CHECK(
+      cudaMemcpyAsync(clock, eval_clock_, sizeof(clock), cudaMemcpyDeviceToHost, stream));
   REPLAY_CUDA_CHECK(cudaStreamSynchronize(stream));
   const SpeechFileInfo& info = data_.file->info();
   ErrorRate er;
@@ -1065,7 +1076,14 @@ double RnntModel::end_eval(cudaStream_t stream) {
   log.reference_labels = er.reference;
   log.wer = er.rate();
   log.tokens_hash = hash;
-  if (data_.eval_log) *data_.eval_log = log;
+  log.batches = n;
+  log.encode_s = static_cast<double>(clock[1]) * 1e-9;
+  log.decode_s = static_cast<double>(clock[2]) * 1e-9;
+  if (data_.eval_log) {
+    log.decode_s_history = data_.eval_log->decode_s_history;
+    log.decode_s_history.push_back(log.decode_s);
+    *data_.eval_log = log;
+  }
   return log.wer;
 }
 

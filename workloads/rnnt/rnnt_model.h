@@ -99,10 +99,17 @@ enum class DecoderKind { kHost, kUnrolled, kWhile };
 
 // What the last evaluation decoded (for tests and reports): the error rate and a hash of every
 // hypothesis, so two decoders can be compared token for token.
+// Each evaluation also times its two phases on the device (clock_mark, rnnt_kernels.h), summed
+// over its batches: the encoder (with the EMA's cast to the model's type) and greedy decoding
+// (decode_init to decode_store: the host loop's synchronisations and, for the unrolled and the
+// eager WHILE decoders, any capture made during the evaluation included).
 struct RnntEvalLog {
   double wer = 0;
   int64_t utterances = 0, hypothesis_labels = 0, reference_labels = 0;
   uint64_t tokens_hash = 0;
+  int64_t batches = 0;
+  double encode_s = 0, decode_s = 0;
+  std::vector<double> decode_s_history;  // every evaluation's decode_s, in order
 };
 
 // The data the model reads: the file, the training sampler and the batching; the decoder.
@@ -111,6 +118,9 @@ struct RnntData {
   SamplerOptions sampler;
   RnntBatching batching;
   DecoderKind decoder = DecoderKind::kWhile;
+  // In `full` mode: the evaluation's encoder and WHILE-node decoder captured into one graph
+  // (EvalInfo::one_graph_in_full) instead of two.
+  bool eval_one_graph = false;
   std::shared_ptr<RnntEvalLog> eval_log;  // written by every evaluation; may be null
 };
 
@@ -257,6 +267,7 @@ class RnntModel : public train::Model {
   void *dec_logits_ = nullptr, *dec_ints_ = nullptr, *dec_tokens_ = nullptr;
   void* dec_lengths_ = nullptr;
   void *eval_tokens_ = nullptr, *eval_lens_ = nullptr, *eval_counter_ = nullptr;
+  uint64_t* eval_clock_ = nullptr;  // [3]: the last mark, encoder ns, decoder ns (clock_mark)
   BufferId ema_id_ = -1;
   float* ema_ = nullptr;          // fp32, the masters' layout (with shape.ema > 0)
   void* eval_weights_ = nullptr;  // the EMA rounded to the model's type, for evaluation

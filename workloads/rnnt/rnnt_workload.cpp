@@ -63,6 +63,11 @@ void RnntWorkload::add_flags(CLI::App& app) {
                  "graph of 4 steps, the flag read one replay late); host and unrolled with "
                  "--graphs none only")
       ->check(CLI::IsMember({"while", "host", "unrolled"}));
+  app.add_option("--eval-graph", eval_graph_flag_,
+                 "with --graphs full: the evaluation as two graphs (encoder, then the WHILE-node "
+                 "decoder; the default) or one (both in one graph: aborted on an H100 with CUDA "
+                 "13.0 and cuDNN 9.14, see lab/rnnt_one_graph)")
+      ->check(CLI::IsMember({"one", "two"}));
   app.add_option("--optimizer", optimizer_flag_,
                  "lamb (MLPerf's: eps 1e-9, weight decay 1e-3; the mlperf-b192 default) or adamw "
                  "(the same eps and decay; the tiny default)")
@@ -102,6 +107,9 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
     throw bench::UsageError("--decoder " + decoder_flag_ +
                             ": the host loop reads the device between steps, which a graph "
                             "cannot hold; use it with --graphs none (or --decoder while)");
+  if (eval_graph_flag_ == "one" && (flags.graphs != "full" || decoder_flag_ != "while"))
+    throw bench::UsageError(
+        "--eval-graph one: one evaluation graph needs --graphs full and --decoder while");
   steps_ = flags.steps;
   seed_ = flags.seed;
   steps_per_epoch_ = std::max<int64_t>(
@@ -134,6 +142,7 @@ nlohmann::ordered_json RnntWorkload::config() const {
   j["pad"] = exact_ ? "exact" : "ladder";
   j["ladder_rungs_asked"] = ladder_flag_;
   j["decoder"] = decoder_flag_;
+  j["eval_graph"] = eval_graph_flag_;
   j["optimizer"] = lamb_ ? "lamb" : "adamw";
   if (params_count_ > 0) j["parameters"] = params_count_;
   if (!batching_.shapes.empty()) {
@@ -157,12 +166,23 @@ nlohmann::ordered_json RnntWorkload::config() const {
     char hash[17];
     std::snprintf(hash, sizeof(hash), "%016llx",
                   static_cast<unsigned long long>(eval_log_->tokens_hash));
+    const RnntEvalLog& e = *eval_log_;
+    auto per_s = [&](double s) { return s > 0 ? static_cast<double>(e.utterances) / s : 0.0; };
     j["last_eval"] = {{"decoder", decoder_flag_},
-                      {"wer", eval_log_->wer},
-                      {"utterances", eval_log_->utterances},
-                      {"hypothesis_labels", eval_log_->hypothesis_labels},
-                      {"reference_labels", eval_log_->reference_labels},
-                      {"tokens_hash", hash}};
+                      {"wer", e.wer},
+                      {"utterances", e.utterances},
+                      {"batches", e.batches},
+                      {"hypothesis_labels", e.hypothesis_labels},
+                      {"reference_labels", e.reference_labels},
+                      {"tokens_hash", hash},
+                      // Timed on the device, summed over the batches (rnnt_model.h, RnntEvalLog).
+                      {"encode_ms", e.encode_s * 1e3},
+                      {"decode_ms", e.decode_s * 1e3},
+                      {"encode_utterances_per_s", per_s(e.encode_s)},
+                      {"decode_utterances_per_s", per_s(e.decode_s)}};
+    nlohmann::ordered_json hist = nlohmann::ordered_json::array();
+    for (double s : e.decode_s_history) hist.push_back(s * 1e3);
+    j["last_eval"]["decode_ms_every_eval"] = hist;
   }
   j["dataset"] = {{"utterances", dataset_.num_utterances}, {"eval", dataset_.num_eval},
                   {"min_frames", dataset_.min_frames},     {"max_frames", dataset_.max_frames},
@@ -282,6 +302,7 @@ std::unique_ptr<train::Model> RnntWorkload::build(Context& ctx, const train::Tra
   data.decoder = decoder_flag_ == "host"       ? DecoderKind::kHost
                  : decoder_flag_ == "unrolled" ? DecoderKind::kUnrolled
                                                : DecoderKind::kWhile;
+  data.eval_one_graph = eval_graph_flag_ == "one";
   data.eval_log = eval_log_;
   auto model = std::make_unique<RnntModel>(ctx, shape_, std::move(data));
   params_count_ = model->total_params();

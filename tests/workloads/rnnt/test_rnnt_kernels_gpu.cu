@@ -337,3 +337,80 @@ TEST_P(RnntKernels, DecodeStepMatchesTheCpuRules) {
 
 }  // namespace
 }  // namespace replay::rnnt
+
+// ---- The device stopwatch against CUDA events ---------------------------------------------------
+
+namespace replay::rnnt {
+namespace {
+
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
+// mark(-1) spin 2 ms, mark(0), spin 1 ms, mark(1), spin 0.5 ms, mark(-1), spin 3 ms, mark(0):
+// slot 0 holds 5 ms, slot 1 1 ms, and the 0.5 ms between went nowhere.
+void clock_sequence(uint64_t* clock, cudaStream_t s) {
+  clock_mark(clock, -1, 2, s);
+  spin_kernel<<<1, 1, 0, s>>>(2000000);
+  clock_mark(clock, 0, 2, s);
+  spin_kernel<<<1, 1, 0, s>>>(1000000);
+  clock_mark(clock, 1, 2, s);
+  spin_kernel<<<1, 1, 0, s>>>(500000);
+  clock_mark(clock, -1, 2, s);
+  spin_kernel<<<1, 1, 0, s>>>(3000000);
+  clock_mark(clock, 0, 2, s);
+}
+
+TEST(RnntKernelsClock, SumsPhasesEagerAndInGraphs) {
+  cudaStream_t s = nullptr;
+  REPLAY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  REPLAY_CUDA_CHECK(cudaEventCreate(&e0));
+  REPLAY_CUDA_CHECK(cudaEventCreate(&e1));
+  Dev<uint64_t> clock(std::vector<uint64_t>{0, 0, 0});
+  REPLAY_CUDA_CHECK(cudaEventRecord(e0, s));
+  clock_sequence(clock.p, s);
+  REPLAY_CUDA_CHECK(cudaEventRecord(e1, s));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+  float ms = 0;
+  REPLAY_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  std::vector<uint64_t> c = clock.down();
+  // The spins are lower bounds; launch gaps between kernels add a little (well under 0.3 ms).
+  EXPECT_GE(c[1], 5000000u);
+  EXPECT_LT(c[1], 5300000u);
+  EXPECT_GE(c[2], 1000000u);
+  EXPECT_LT(c[2], 1300000u);
+  // Against the events: the whole sequence, 6.5 ms, holds both slots and the unassigned 0.5 ms.
+  EXPECT_GE(ms * 1e6, static_cast<double>(c[1] + c[2]) + 500000.0 - 50000.0);
+  EXPECT_LT(ms, 7.5f);
+
+  // Captured into a graph and replayed twice: the slots keep adding.
+  clock.up({0, 0, 0});
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  REPLAY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  clock_sequence(clock.p, s);
+  REPLAY_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  REPLAY_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  REPLAY_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  REPLAY_CUDA_CHECK(cudaGraphLaunch(ge, s));
+  REPLAY_CUDA_CHECK(cudaStreamSynchronize(s));
+  c = clock.down();
+  EXPECT_GE(c[1], 10000000u);
+  EXPECT_LT(c[1], 10600000u);
+  EXPECT_GE(c[2], 2000000u);
+  EXPECT_LT(c[2], 2600000u);
+  EXPECT_THROW(clock_mark(clock.p, 2, 2, s), Error);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace replay::rnnt

@@ -64,6 +64,12 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
                                                         "--precision", "bf16", "--seed", "1"}))
                      .loss_scaling.has_value());
     EXPECT_EQ(w.config()["pad"], "exact");
+    EXPECT_EQ(w.config()["eval_graph"], "two");
+  }
+  {
+    RnntWorkload w;
+    resolved(w, {"--preset", "tiny", "--graphs", "full", "--eval-graph", "one", "--seed", "1"});
+    EXPECT_EQ(w.config()["eval_graph"], "one");
   }
   // A workload parses its flags once (its options keep their values), so one each.
   const std::vector<std::vector<std::string>> bad = {{"--graphs", "full", "--decoder", "host"},
@@ -71,7 +77,10 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
                                                      {"--pad", "sideways"},
                                                      {"--ladder", "0"},
                                                      {"--precision", "fp8"},
-                                                     {"--decoder", "beam"}};
+                                                     {"--decoder", "beam"},
+                                                     {"--graphs", "layer", "--eval-graph", "one"},
+                                                     {"--graphs", "none", "--eval-graph", "one"},
+                                                     {"--eval-graph", "three"}};
   for (const auto& args : bad) {
     RnntWorkload fresh;
     EXPECT_THROW(resolved(fresh, args), bench::UsageError) << args[0] << " " << args[1];
