@@ -400,7 +400,12 @@ def main():
                        "parameters": params, "groups": args.groups, "steps": args.steps,
                        "step_ms": {"median": med, "p10": ms[len(ms) // 10],
                                    "p90": ms[min(len(ms) - 1, len(ms) * 9 // 10)], "all": ms},
-                       "images_per_s": B / med * 1e3, "host_enqueue_us": host,
+                       "images_per_s": B / med * 1e3,
+                       "throughput": {"images_per_s": B / med * 1e3, "samples_per_s": B / med * 1e3},
+                       "host_enqueue_us": {"median": host,
+                                           "p90": sorted(host_us)[min(len(host_us) - 1,
+                                                                      len(host_us) * 9 // 10)]},
+                       "memory": {"peak_bytes": torch.cuda.max_memory_allocated()},
                        "peak_memory_gib": peak, "capture_ms": capture_ms, "graph_note": graph_note,
                        "loss": loss_out.item()}, f, indent=1)
 

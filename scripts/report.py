@@ -1322,6 +1322,58 @@ def rnnt_decoding_lines(docs):
     return lines
 
 
+def _host_us(doc):
+    """The median host enqueue time of a run, in µs (a number, or reports/SCHEMA.md's {median, p90})."""
+    h = doc.get("host_enqueue_us")
+    return h.get("median") if isinstance(h, dict) else h
+
+
+def unet_sweep_lines(docs):
+    """The UNet's batch sweep (issue 28): replay-unet's eager and whole-step-graph runs of one model at
+    several batches (config.batch), the GPU step time beside the host's enqueue time, and where the
+    whole-step graph starts to pay. Nothing when fewer than two batches ran both modes."""
+    groups = {}
+    for name, doc in docs:
+        cfg = doc.get("config") or {}
+        if doc.get("tool") != "replay-unet" or doc.get("graphs") not in ("none", "full") or "batch" not in cfg:
+            continue
+        model = tuple((k, json.dumps(v)) for k, v in sorted(cfg.items())
+                      if k not in ("batch", "steps", "warmup", "seed", "overflow_at"))
+        groups.setdefault(model, {}).setdefault((cfg["batch"], doc["graphs"]), (name, doc))
+    lines = []
+    for runs in groups.values():
+        batches = sorted(b for b in {b for b, _ in runs} if (b, "none") in runs and (b, "full") in runs)
+        if len(batches) < 2:
+            continue
+        rows, gains = [], []
+        for b in batches:
+            none, full = runs[(b, "none")][1], runs[(b, "full")][1]
+            sn, sf = none["step_ms"]["median"], full["step_ms"]["median"]
+            hn, hf = _host_us(none), _host_us(full)
+            gains.append((b, sn / sf))
+            peaks = [(d.get("memory") or {}).get("peak_bytes") for d in (none, full)]
+            rows.append([str(b), f"{sn:.3f}", fmt(hn / 1e3 if hn is not None else None, ".3f"), f"{sf:.3f}",
+                         fmt(hf / 1e3 if hf is not None else None, ".3f"), f"{sn / sf:.3f}x",
+                         f"{b / sf * 1e3:.1f}",
+                         " / ".join(f"{p / 2**30:.2f}" if p else "-" for p in peaks)])
+        preset = runs[(batches[0], "none")][1].get("preset", "")
+        lines += ["", f"## UNet batch sweep ({preset} model, `--batch N`): eager against the whole-step graph", "",
+                  *table(["images", "eager step (ms)", "eager host enqueue (ms)", "full step (ms)",
+                          "full host enqueue (ms)", "full speed-up", "full images/s", "peak GiB none / full"],
+                         rows), ""]
+        paying = [str(b) for b, g in gains if g > 1.01]
+        slower = [str(b) for b, g in gains if g < 0.99]
+        lines.append("- The whole-step graph gains more than 1% at "
+                     + (", ".join(paying) + " images" if paying else "no batch of the sweep")
+                     + "; " + ("it is slower than eager beyond 1% at " + ", ".join(slower) + " images."
+                               if slower else "it is never slower than eager beyond 1%."))
+        lines.append("- Host enqueue is the host's wall time to enqueue a step (median). Where it is about the "
+                     "step time the host waited for room in the launch queue: the GPU, not the host, set the "
+                     "pace. Where it is well below, it is the host's own cost of a step.")
+        lines.append("")
+    return lines
+
+
 def report_runs(directory, out_dir, title):
     """Writes out_dir/runs_summary.md: one row per JSON run in `directory` (any tool writing
     reports/SCHEMA.md's fields: replay's workloads, the PyTorch baselines), sorted by name, and per
@@ -1358,6 +1410,7 @@ def report_runs(directory, out_dir, title):
                          + ("identical in " + ", ".join(hashes) if same
                             else "DIFFER: " + ", ".join(f"{n} {h}" for n, h in hashes.items())))
     lines += rnnt_decoding_lines(docs)
+    lines += unet_sweep_lines(docs)
     os.makedirs(out_dir, exist_ok=True)
     md = os.path.join(out_dir, "runs_summary.md")
     with open(md, "w") as f:

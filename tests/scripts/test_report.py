@@ -959,6 +959,38 @@ class RunsReport(TempDirCase):
         with self.assertRaises(report.ReportError):
             report.report_runs(self.dir, self.dir, "x")
 
+    def unet_run(self, batch, graphs, step_ms, host_us, seed=1):
+        doc = {"tool": "replay-unet", "workload": "unet", "preset": "sd2-b32", "graphs": graphs,
+               "config": {"batch": batch, "latent_height": 64, "seed": seed, "steps": 10},
+               "step_ms": {"median": step_ms}, "host_enqueue_us": {"median": host_us, "p90": host_us},
+               "throughput": {"images_per_s": batch / step_ms * 1e3}, "memory": {"peak_bytes": 16 * 2**30},
+               "loss_hash": f"h{batch}"}
+        with open(os.path.join(self.dir, f"replay_unet_b{batch}_{graphs}.json"), "w") as f:
+            json.dump(doc, f)
+
+    def test_unet_batch_sweep_puts_host_enqueue_beside_the_step(self):
+        self.unet_run(1, "none", 30.737, 30714.0)
+        self.unet_run(1, "full", 29.027, 4619.0, seed=2)  # the seed is not part of the model
+        self.unet_run(8, "none", 92.877, 92839.0)
+        self.unet_run(8, "full", 90.450, 57914.0)
+        self.unet_run(32, "none", 309.343, 309530.0)
+        self.unet_run(32, "full", 308.895, 307389.0)
+        self.unet_run(2, "none", 40.0, 39000.0)  # no full run at 2 images: left out
+        text = open(report.report_runs(self.dir, self.dir, "UNet")).read()
+        self.assertIn("## UNet batch sweep (sd2-b32 model", text)
+        self.assertEqual(table_row(text, "1"),
+                         ["1", "30.737", "30.714", "29.027", "4.619", "1.059x", "34.5", "16.00 / 16.00"])
+        self.assertEqual(table_row(text, "32")[5], "1.001x")
+        with self.assertRaises(AssertionError):
+            table_row(text, "2")
+        self.assertIn("gains more than 1% at 1, 8 images; it is never slower than eager beyond 1%.", text)
+
+    def test_no_unet_sweep_with_one_batch(self):
+        self.unet_run(32, "none", 309.343, 309530.0)
+        self.unet_run(32, "full", 308.895, 307389.0)
+        text = open(report.report_runs(self.dir, self.dir, "UNet")).read()
+        self.assertNotIn("batch sweep", text)
+
     def write_rnnt(self, name, graphs, decoder, decode_ms, tokens="7c72", loss_hash="h1"):
         doc = {"tool": "replay-rnnt", "workload": "rnnt", "preset": "mlperf-b192", "graphs": graphs,
                "config": {"batch": 192, "decoder": decoder, "eval_graph": "two",
