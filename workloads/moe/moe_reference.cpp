@@ -542,3 +542,134 @@ void mla_block(const MlaRefDims& d, const MlaRefWeights& w, const Vec& x, Vec* o
 }
 
 }  // namespace replay::moe::ref
+
+// ---- The MoE feed-forward part
+// ----------------------------------------------------------------
+
+namespace replay::moe::ref {
+
+namespace {
+
+// SwiGLU of a [M, 2F] row-major (gate, then up), and its backward.
+Vec swiglu(const Vec& a, int64_t M, int64_t F) {
+  Vec s(static_cast<size_t>(M * F));
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = a[static_cast<size_t>(t * 2 * F + f)];
+      const double u = a[static_cast<size_t>(t * 2 * F + F + f)];
+      s[static_cast<size_t>(t * F + f)] = g * sigmoid(g) * u;
+    }
+  return s;
+}
+
+Vec swiglu_backward(const Vec& ds, const Vec& a, int64_t M, int64_t F) {
+  Vec da(static_cast<size_t>(M * 2 * F));
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = a[static_cast<size_t>(t * 2 * F + f)];
+      const double u = a[static_cast<size_t>(t * 2 * F + F + f)];
+      const double sg = sigmoid(g), d = ds[static_cast<size_t>(t * F + f)];
+      da[static_cast<size_t>(t * 2 * F + f)] = d * u * sg * (1.0 + g * (1.0 - sg));
+      da[static_cast<size_t>(t * 2 * F + F + f)] = d * g * sg;
+    }
+  return da;
+}
+
+Vec slice(const Vec& v, int64_t first, int64_t count) {
+  return Vec(v.begin() + first, v.begin() + first + count);
+}
+
+}  // namespace
+
+MoeLayerRefWeights MoeLayerRefWeights::zeros(const MoeLayerRefDims& d) {
+  const int64_t C = d.hidden, L = d.local_experts, F = d.expert_ffn, S = d.shared_ffn;
+  auto z = [](int64_t n) { return Vec(static_cast<size_t>(n), 0.0); };
+  MoeLayerRefWeights w;
+  w.router = z(d.experts * C), w.bias = z(d.experts);
+  w.w1 = z(L * 2 * F * C), w.w2 = z(L * C * F), w.ws1 = z(2 * S * C), w.ws2 = z(C * S);
+  return w;
+}
+
+void moe_layer(const MoeLayerRefDims& d, const MoeLayerRefWeights& w, const Vec& h, Vec* out,
+               const Vec* dout, MoeLayerRefWeights* dw, Vec* dh, int32_t* dropped, Vec* margin) {
+  const int64_t M = d.tokens, C = d.hidden, F = d.expert_ffn, S = d.shared_ffn, cap = d.capacity;
+  const int E = d.experts, L = d.local_experts, K = d.topk;
+  const RouterShape rs{M, E, d.groups, d.topk_groups, K, static_cast<float>(d.route_scale)};
+  const Vec logits = linear(h, w.router, M, C, E);
+  std::vector<int32_t> idx(static_cast<size_t>(M * K)), local(idx.size());
+  Vec mg(static_cast<size_t>(M));
+  router_select(idx.data(), mg.data(), logits.data(), w.bias.data(), rs);
+  if (margin != nullptr) *margin = mg;
+  // router_weights scales by rs.route_scale (a float): the fp64 scale instead.
+  Vec weights(idx.size());
+  {
+    const RouterShape unit{M, E, d.groups, d.topk_groups, K, 1.0f};
+    router_weights(weights.data(), logits.data(), idx.data(), unit);
+    for (double& v : weights) v *= d.route_scale;
+  }
+  for (size_t a = 0; a < idx.size(); ++a) local[a] = idx[a] % L;
+  const DispatchShape ds{M, L, K, DispatchMode::kCapacity, cap};
+  const Dispatch dis = dispatch_index(local.data(), ds);
+  if (dropped != nullptr) *dropped = dis.dropped;
+  Vec xs(static_cast<size_t>(ds.rows() * C));
+  gather(xs.data(), h.data(), dis, ds, C);
+  // The local experts on their blocks of `cap` rows.
+  Vec up(static_cast<size_t>(ds.rows() * 2 * F)), act(static_cast<size_t>(ds.rows() * F)),
+      ys(static_cast<size_t>(ds.rows() * C));
+  for (int e = 0; e < L; ++e) {
+    const Vec x_e = slice(xs, e * cap * C, cap * C);
+    const Vec u_e = linear(x_e, slice(w.w1, e * 2 * F * C, 2 * F * C), cap, C, 2 * F);
+    const Vec a_e = swiglu(u_e, cap, F);
+    const Vec y_e = linear(a_e, slice(w.w2, e * C * F, C * F), cap, F, C);
+    std::copy(u_e.begin(), u_e.end(), up.begin() + e * cap * 2 * F);
+    std::copy(a_e.begin(), a_e.end(), act.begin() + e * cap * F);
+    std::copy(y_e.begin(), y_e.end(), ys.begin() + e * cap * C);
+  }
+  out->assign(static_cast<size_t>(M * C), 0.0);
+  combine(out->data(), ys.data(), weights.data(), dis, ds, C);
+  const Vec sa = linear(h, w.ws1, M, C, 2 * S);
+  const Vec ss = swiglu(sa, M, S);
+  const Vec sy = linear(ss, w.ws2, M, S, C);
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] += sy[i];
+  if (dout == nullptr) return;
+
+  *dw = MoeLayerRefWeights::zeros(d);
+  dh->assign(static_cast<size_t>(M * C), 0.0);
+  // The shared expert.
+  Vec dss;
+  linear_backward(*dout, ss, w.ws2, M, S, C, dss, dw->ws2);
+  const Vec dsa = swiglu_backward(dss, sa, M, S);
+  linear_backward(dsa, h, w.ws1, M, C, 2 * S, *dh, dw->ws1);
+  // The combine, the experts, the gather.
+  Vec dys(static_cast<size_t>(ds.rows() * C)), dweights(idx.size());
+  combine_backward(dys.data(), dweights.data(), dout->data(), ys.data(), weights.data(), dis, ds,
+                   C);
+  Vec dxs(static_cast<size_t>(ds.rows() * C), 0.0);
+  for (int e = 0; e < L; ++e) {
+    const Vec a_e = slice(act, e * cap * F, cap * F), u_e = slice(up, e * cap * 2 * F, cap * 2 * F);
+    const Vec x_e = slice(xs, e * cap * C, cap * C);
+    Vec da_e, dx_e, dw1_e, dw2_e;
+    linear_backward(slice(dys, e * cap * C, cap * C), a_e, slice(w.w2, e * C * F, C * F), cap, F, C,
+                    da_e, dw2_e);
+    const Vec du_e = swiglu_backward(da_e, u_e, cap, F);
+    linear_backward(du_e, x_e, slice(w.w1, e * 2 * F * C, 2 * F * C), cap, C, 2 * F, dx_e, dw1_e);
+    std::copy(dw1_e.begin(), dw1_e.end(), dw->w1.begin() + e * 2 * F * C);
+    std::copy(dw2_e.begin(), dw2_e.end(), dw->w2.begin() + e * C * F);
+    std::copy(dx_e.begin(), dx_e.end(), dxs.begin() + e * cap * C);
+  }
+  Vec dh_routed(static_cast<size_t>(M * C));
+  gather_backward(dh_routed.data(), dxs.data(), dis, ds, C);
+  for (size_t i = 0; i < dh->size(); ++i) (*dh)[i] += dh_routed[i];
+  // The router: the weights' gradient to the logits (route_scale applied here in fp64), then the
+  // router GEMM's.
+  Vec dlogits(static_cast<size_t>(M * E));
+  {
+    const RouterShape unit{M, E, d.groups, d.topk_groups, K, 1.0f};
+    Vec dw_scaled(dweights);
+    for (double& v : dw_scaled) v *= d.route_scale;
+    router_backward(dlogits.data(), dw_scaled.data(), logits.data(), idx.data(), unit);
+  }
+  linear_backward(dlogits, h, w.router, M, C, E, *dh, dw->router);
+}
+
+}  // namespace replay::moe::ref

@@ -133,4 +133,29 @@ void mla_block(const MlaRefDims& d, const MlaRefWeights& w, const std::vector<do
                std::vector<double>* out, const std::vector<double>* dout = nullptr,
                MlaRefWeights* dw = nullptr, std::vector<double>* dx = nullptr);
 
+// The MoE feed-forward part of a block as MoeModel runs it, in fp64, on h [tokens, hidden] (the
+// normalised input): the router (logits = h Wr^T, router_select on the logits and bias,
+// router_weights), the fold of global expert e onto local expert e mod local_experts, the dispatch
+// into the capacity layout (dispatch_index: the later assignments over `capacity` dropped), the
+// local experts' SwiGLU (gate = the first half of W1's outputs, up the second:
+// act = silu(gate) up, y = act W2^T), the weighted combine, plus the shared expert's SwiGLU:
+//   out = swiglu(h Ws1^T) Ws2^T + combine(experts(gather(h)), weights)
+// With dout, the backward with the selection held fixed (the top-k is piecewise constant): dw
+// (every tensor but the bias written) and dh. margin (optional): router_select's per-token margin.
+struct MoeLayerRefDims {
+  int64_t tokens = 1, hidden = 8;
+  int experts = 4, local_experts = 4, groups = 1, topk_groups = 1, topk = 1;
+  int64_t expert_ffn = 4, shared_ffn = 4, capacity = 1;
+  double route_scale = 1.0;
+};
+struct MoeLayerRefWeights {
+  std::vector<double> router, bias, w1, w2, ws1, ws2;  // [E, C], [E], [L, 2F, C], [L, C, F], ...
+  std::vector<std::vector<double>*> differentiable() { return {&router, &w1, &w2, &ws1, &ws2}; }
+  static MoeLayerRefWeights zeros(const MoeLayerRefDims& d);
+};
+void moe_layer(const MoeLayerRefDims& d, const MoeLayerRefWeights& w, const std::vector<double>& h,
+               std::vector<double>* out, const std::vector<double>* dout = nullptr,
+               MoeLayerRefWeights* dw = nullptr, std::vector<double>* dh = nullptr,
+               int32_t* dropped = nullptr, std::vector<double>* margin = nullptr);
+
 }  // namespace replay::moe::ref

@@ -10,6 +10,7 @@
 // rendering of DeepSeek's code and the values known in closed form.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -422,6 +423,54 @@ TEST(MlaRef, BackwardWithYarnMatchesFiniteDifferences) {
   check_mla_gradients(y);
 }
 
+// The MoE feed-forward part's fp64 reference (router, fold onto local experts, capacity dispatch
+// with drops, SwiGLU experts, combine, shared expert): every weight's gradient and the input's
+// against central differences of L = <out, g>, the selection held fixed (every token's routing
+// margin is far above the step). 12 tokens route top-2 of 8 experts in 4 groups (keep 2), folded
+// onto 4 local experts of 5 rows each: 24 assignments for 20 rows, so some are dropped.
+TEST(MoeLayerRef, BackwardMatchesFiniteDifferences) {
+  ref::MoeLayerRefDims d;
+  d.tokens = 12, d.hidden = 8, d.experts = 8, d.local_experts = 4, d.groups = 4;
+  d.topk_groups = 2, d.topk = 2, d.expert_ffn = 4, d.shared_ffn = 4, d.capacity = 5;
+  d.route_scale = 2.5;
+  std::mt19937 gen(11);
+  std::normal_distribution<double> n(0.0, 1.0);
+  ref::MoeLayerRefWeights w = ref::MoeLayerRefWeights::zeros(d);
+  for (std::vector<double>* t : w.differentiable())
+    for (double& v : *t) v = 0.5 * n(gen);
+  for (double& v : w.bias) v = 0.05 * n(gen);
+  std::vector<double> h(static_cast<size_t>(d.tokens * d.hidden)), g(h.size());
+  for (double& v : h) v = n(gen);
+  for (double& v : g) v = n(gen);
+  std::vector<double> out, dh, margin;
+  ref::MoeLayerRefWeights dw;
+  int32_t dropped = -1;
+  ref::moe_layer(d, w, h, &out, &g, &dw, &dh, &dropped, &margin);
+  EXPECT_GT(dropped, 0) << "the capacity must drop some assignments";
+  EXPECT_LE(dropped, 24 - 20 + 5 * 4);
+  ASSERT_GT(*std::min_element(margin.begin(), margin.end()), 1e-4)
+      << "a token's routing is too close to a tie for finite differences";
+  auto loss = [&] {
+    std::vector<double> o;
+    ref::moe_layer(d, w, h, &o);
+    return test::dot(o, g);
+  };
+  const char* names[] = {"router", "experts.gate_up", "experts.down", "shared.gate_up",
+                         "shared.down"};
+  const std::vector<std::vector<double>*> ws = w.differentiable(), dws = dw.differentiable();
+  for (size_t i = 0; i < ws.size(); ++i)
+    EXPECT_TRUE(test::grad_close(names[i], *dws[i], test::numeric_grad(*ws[i], loss), 1e-6));
+  EXPECT_TRUE(test::grad_close("h", dh, test::numeric_grad(h, loss), 1e-6));
+  // A dropped assignment contributes nothing: with every row kept (capacity 24) the output differs.
+  ref::MoeLayerRefDims all = d;
+  all.capacity = 24;
+  std::vector<double> out_all;
+  int32_t none = -1;
+  ref::moe_layer(all, w, h, &out_all, nullptr, nullptr, nullptr, &none);
+  EXPECT_EQ(none, 0);
+  EXPECT_NE(out_all, out);
+}
+
 // DeepSeek-V3's YaRN (factor 40 over 4096 positions, beta 32 / 1, theta 10000, 64 RoPE channels):
 // the correction range is pairs 10 to 23 (d(32) = 10.47, d(1) = 22.51), so pairs 0..10 keep
 // theta^(-2i / 64), pairs 23..31 are divided by 40, and the ones between are on the ramp; the
@@ -436,9 +485,12 @@ TEST(YarnRef, DeepSeekV3FrequenciesTableAndScale) {
     const double plain = std::pow(10000.0, -2.0 * i / 64.0);
     EXPECT_NEAR(f[static_cast<size_t>(i)], ref::rope_frequency(i, 64, 10000.0, y), 1e-15 * plain)
         << "pair " << i;
-    if (i <= 10) EXPECT_NEAR(f[static_cast<size_t>(i)], plain, 1e-15 * plain) << "pair " << i;
-    if (i >= 23)
+    if (i <= 10) {
+      EXPECT_NEAR(f[static_cast<size_t>(i)], plain, 1e-15 * plain) << "pair " << i;
+    }
+    if (i >= 23) {
       EXPECT_NEAR(f[static_cast<size_t>(i)], plain / 40.0, 1e-15 * plain) << "pair " << i;
+    }
     if (i > 10 && i < 23) {
       const double ramp = (i - 10.0) / 13.0;
       EXPECT_NEAR(f[static_cast<size_t>(i)], plain / 40.0 * ramp + plain * (1.0 - ramp),
