@@ -24,6 +24,7 @@
 #include "workloads/unet/diffusion.h"
 #include "workloads/unet/elementwise.h"
 #include "workloads/unet/group_norm.h"
+#include "workloads/unet/layer_norm.h"
 #include "workloads/unet/latent_stream.h"
 #include "workloads/unet/pointwise.h"
 
@@ -411,8 +412,14 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
   float eps = 1e-5f;
   GroupNormAct act = GroupNormAct::kNone;
   train::ParamId gamma = -1, beta = -1;
-  // The kernels put samples on the grid's y dimension (at most 65,535): a LayerNorm over more
-  // tokens runs in chunks of kChunk samples, the parameter gradients added chunk after chunk.
+  // A LayerNorm (one group over one token, no SiLU) runs the row kernels of layer_norm.h: a warp a
+  // token, instead of the GroupNorm kernels' block a sample (here, a token of 320 to 1280 values).
+  bool rows() const {
+    return shape.pixels == 1 && shape.groups == 1 && act == GroupNormAct::kNone &&
+           shape.channels <= kLayerNormMaxChannels;
+  }
+  // The GroupNorm kernels put samples on the grid's y dimension (at most 65,535): a norm over more
+  // samples runs in chunks of kChunk samples, the parameter gradients added chunk after chunk.
   static constexpr int64_t kChunk = 32768;
   GroupNormShape chunk(int64_t first) const {
     GroupNormShape c = shape;
@@ -420,6 +427,11 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
     return c;
   }
   void run_forward(Impl& m, void* y, float* mean, float* rstd, cudaStream_t s) const {
+    if (rows()) {
+      layer_norm_forward(m.config.dtype, y, mean, rstd, m.T(ins[0]).data, W(m, gamma), W(m, beta),
+                         shape.batch, shape.channels, eps, s);
+      return;
+    }
     const int64_t row = shape.pixels * shape.channels * 2;  // bytes of one sample
     for (int64_t n = 0; n < shape.batch; n += kChunk) {
       group_norm_forward(m.config.dtype, static_cast<char*>(y) + n * row, mean + n * shape.groups,
@@ -441,6 +453,14 @@ struct GroupNormNode : Node {  // outs: y, mean, rstd
     run_forward(m, m.T(outs[0]).rdata, m.rstats, m.rstats + stats, s);
   }
   void backward(Impl& m, cudaStream_t s) override {
+    if (rows()) {
+      layer_norm_backward(m.config.dtype, m.T(ins[0]).gdata, G(m, gamma), G(m, beta),
+                          m.T(outs[0]).gdata, m.T(ins[0]).bdata(), W(m, gamma),
+                          static_cast<const float*>(m.T(outs[1]).data),
+                          static_cast<const float*>(m.T(outs[2]).data), shape.batch, shape.channels,
+                          acc[0], false, m.gn_ws, m.gn_ws_bytes, s);
+      return;
+    }
     const int64_t row = shape.pixels * shape.channels * 2;
     for (int64_t n = 0; n < shape.batch; n += kChunk) {
       group_norm_backward(
@@ -772,6 +792,11 @@ struct Builder {
     n->gamma = param(name + ".weight", {C}, train::ParamInit::kOnes, 1, false);
     n->beta = param(name + ".bias", {C}, train::ParamInit::kZeros, 1, false);
     n->p_first = n->gamma, n->p_last = n->beta;
+    if (n->rows()) {
+      m.gn_ws_bytes =
+          std::max(m.gn_ws_bytes, layer_norm_backward_workspace_bytes(batch * pixels, C));
+      return y;
+    }
     const GroupNormShape first = n->chunk(0);
     check_group_norm_shape(first);
     m.gn_ws_bytes = std::max({m.gn_ws_bytes, group_norm_forward_workspace_bytes(first),

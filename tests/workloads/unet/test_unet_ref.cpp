@@ -15,6 +15,7 @@
 #include "tests/support/compare.h"
 #include "workloads/unet/conv.h"
 #include "workloads/unet/group_norm.h"
+#include "workloads/unet/layer_norm.h"
 #include "workloads/unet/unet_reference.h"
 
 namespace replay::unet {
@@ -283,6 +284,26 @@ TEST(UnetHost, BiasGradientWorkspace) {
   EXPECT_EQ(conv_bias_grad_workspace_bytes(1000, 4), conv_bias_grad_workspace_bytes(1000, 4));
   EXPECT_THROW(conv_bias_grad_workspace_bytes(1000, 6), Error);  // not a multiple of 4
   EXPECT_THROW(conv_bias_grad_workspace_bytes(0, 8), Error);
+}
+
+// The LayerNorm backward's grid and workspace are the shape's alone: a warp takes at least 4 rows,
+// at most 528 blocks of 8 warps, 2 partial rows of C floats a block.
+TEST(UnetHost, LayerNormBackwardSplitAndWorkspace) {
+  EXPECT_EQ(layer_norm_backward_blocks(1), 1);
+  EXPECT_EQ(layer_norm_backward_blocks(32), 1);
+  EXPECT_EQ(layer_norm_backward_blocks(33), 2);
+  EXPECT_EQ(layer_norm_backward_blocks(2500), 79);
+  EXPECT_EQ(layer_norm_backward_blocks(32 * 16 * 16), 256);  // SD2 at 16x16, 32 images
+  EXPECT_EQ(layer_norm_backward_blocks(32 * 64 * 64), 528);  // at 64x64
+  EXPECT_EQ(layer_norm_backward_workspace_bytes(32 * 64 * 64, 320), 2u * 528 * 320 * 4);
+  EXPECT_EQ(layer_norm_backward_workspace_bytes(2048, 1280), 2u * 64 * 1280 * 4);
+  EXPECT_NO_THROW(check_layer_norm_shape(1, 8));
+  EXPECT_NO_THROW(check_layer_norm_shape(131072, kLayerNormMaxChannels));
+  EXPECT_THROW(check_layer_norm_shape(0, 320), Error);
+  EXPECT_THROW(check_layer_norm_shape(10, 12), Error);
+  EXPECT_THROW(check_layer_norm_shape(10, 0), Error);
+  EXPECT_THROW(check_layer_norm_shape(10, kLayerNormMaxChannels + 8), Error);
+  EXPECT_THROW(check_layer_norm_shape(int64_t{1} << 31, 320), Error);
 }
 
 }  // namespace

@@ -334,6 +334,11 @@ TEST(UnetStructure, OpTimesRatesCountSd2sNormBytesAndFlops) {
   double total = 0;
   for (double f : s.flops_per_class) total += f;
   EXPECT_DOUBLE_EQ(total, s.flops_per_step);
+  for (int k = 0; k < kOpClasses; ++k)
+    std::printf("sd2-b32 %-12s %8.2f TFLOP %7.2f GB a step\n",
+                op_class_name(static_cast<OpClass>(k)),
+                s.flops_per_class[static_cast<size_t>(k)] / 1e12,
+                s.bytes_per_class[static_cast<size_t>(k)] / 1e9);
   // --recompute norms runs every kept norm's forward again: 2 tensors of it, more bytes.
   UnetConfig r = c;
   r.recompute_norms = true;
