@@ -10,6 +10,8 @@ FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two sid
     python3 scripts/pytorch_baseline.py llama31 --preset 405b-tp8 --graphs full --json out.json
         [--replay-bin DIR | --config FILE] [--steps 50] [--warmup 3] [--layers L] [--seed 1234]
         [--microbatches 1] [--data tokens.h5] [--lr X] [--min-lr X] [--warmup-steps W] [--decay-steps T]
+    python3 scripts/pytorch_baseline.py rnnt --mode graphed --ladder 384x64,432x72 --json out.json
+        (scripts/pytorch_rnnt.py: RNN-T on replay-rnnt's ladder, eager or one graph per rung)
     mpiexec -n 2 python3 scripts/pytorch_baseline.py tp --tp 2 --preset 175b-tp4 --layers 3 --graphs full
         --json out.json    (scripts/pytorch_tp.py: the shard split over real processes, collectives run)
 
@@ -1631,6 +1633,10 @@ def build_parser():
     sub.add_parser("moe", add_help=False,
                    help="train replay-moe's DeepSeek-V3 shard (671b-ep32), eager or one full-step graph with "
                         "static expert capacity: scripts/pytorch_moe.py train, whose flags follow (moe --help)")
+    sub.add_parser("rnnt", add_help=False,
+                   help="train MLPerf's RNN-T on replay-rnnt's ladder of padded shapes, eager (torchaudio's "
+                        "loss) or each rung's whole step as one graph (a plain-PyTorch transducer loss): "
+                        "scripts/pytorch_rnnt.py, whose flags follow (rnnt --help)")
     sub.add_parser("tp", add_help=False,
                    help="train the GPT-3 shard with tensor parallelism over T processes (mpiexec -n T or "
                         "torchrun), eager or one full-step graph: scripts/pytorch_tp.py, whose flags follow "
@@ -1643,6 +1649,9 @@ def main(argv=None):
     if argv[:1] == ["moe"]:  # its own flags: scripts/pytorch_moe.py train
         from pytorch_moe import main as moe_main
         return moe_main(["train"] + argv[1:])
+    if argv[:1] == ["rnnt"]:  # its own flags: scripts/pytorch_rnnt.py
+        from pytorch_rnnt import main as rnnt_main
+        return rnnt_main(argv[1:])
     if argv[:1] == ["tp"]:  # its own flags: scripts/pytorch_tp.py
         from pytorch_tp import main as tp_main
         return tp_main(argv[1:])

@@ -266,8 +266,8 @@ def parse_ladder(text):
     return rungs
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="pytorch_rnnt.py", description=__doc__.split("\n")[1])
     ap.add_argument("--mode", choices=["eager", "graphed"], default="eager")
     ap.add_argument("--loss", choices=["torchaudio", "torch"], default="",
                     help="the transducer loss: torchaudio's rnnt_loss (eager's default) or the "
@@ -284,7 +284,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--check-loss", action="store_true",
                     help="compare the plain-PyTorch loss with torchaudio's and exit")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     loss_kind = args.loss or ("torchaudio" if args.mode == "eager" else "torch")
     if args.mode == "graphed" and loss_kind != "torch":
         ap.error("--mode graphed: torchaudio's rnnt_loss cannot be captured (use --loss torch)")

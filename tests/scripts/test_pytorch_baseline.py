@@ -141,6 +141,21 @@ def run_cli(*args):
                           capture_output=True, text=True, timeout=60)
 
 
+class RnntSubcommand(unittest.TestCase):
+    """`rnnt` hands its flags to scripts/pytorch_rnnt.py, which checks them before it imports torch."""
+
+    def test_flags_reach_pytorch_rnnt(self):
+        r = run_cli("rnnt", "--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--capture", r.stdout)
+        self.assertIn("--check-loss", r.stdout)
+        for bad, says in ((["--ladder", "384x"], "--ladder"), (["--ladder", "385x64"], "even frames"),
+                          (["--mode", "graphed", "--loss", "torchaudio"], "cannot be captured")):
+            r = run_cli("rnnt", *bad)
+            self.assertEqual(r.returncode, 2, bad)
+            self.assertIn(says, r.stderr, bad)
+
+
 class Import(unittest.TestCase):
     @unittest.skipIf(TORCH_PRESENT, "torch is installed here")
     def test_import_does_not_need_torch(self):
