@@ -29,8 +29,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def parse():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="pytorch_unet.py", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=32, help="images per step")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before timing (and capture)")
@@ -41,7 +41,7 @@ def parse():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="", help="write the summary here")
     p.add_argument("--count-only", action="store_true", help="print the parameter count and exit")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def build_torch_unet(torch, groups):
@@ -285,8 +285,8 @@ def build_diffusers_unet(groups):
     return m
 
 
-def main():
-    args = parse()
+def main(argv=None):
+    args = parse(argv)
     import torch
 
     torch.manual_seed(args.seed)
