@@ -12,6 +12,8 @@ FLOP formulas (reports/SCHEMA.md), so that scripts/report.py can put the two sid
         [--microbatches 1] [--data tokens.h5] [--lr X] [--min-lr X] [--warmup-steps W] [--decay-steps T]
     python3 scripts/pytorch_baseline.py rnnt --mode graphed --ladder 384x64,432x72 --json out.json
         (scripts/pytorch_rnnt.py: RNN-T on replay-rnnt's ladder, eager or one graph per rung)
+    python3 scripts/pytorch_baseline.py unet --batch 32 --graphs full --json out.json
+        (scripts/pytorch_unet.py: the SD v2 UNet, diffusers' where importable, eager or one step graph)
     mpiexec -n 2 python3 scripts/pytorch_baseline.py tp --tp 2 --preset 175b-tp4 --layers 3 --graphs full
         --json out.json    (scripts/pytorch_tp.py: the shard split over real processes, collectives run)
 
@@ -1637,6 +1639,10 @@ def build_parser():
                    help="train MLPerf's RNN-T on replay-rnnt's ladder of padded shapes, eager (torchaudio's "
                         "loss) or each rung's whole step as one graph (a plain-PyTorch transducer loss): "
                         "scripts/pytorch_rnnt.py, whose flags follow (rnnt --help)")
+    sub.add_parser("unet", add_help=False,
+                   help="train the Stable Diffusion v2 UNet at replay-unet's sd2 shapes (diffusers' "
+                        "UNet2DConditionModel where importable, else a PyTorch UNet of the same architecture), "
+                        "eager or one full-step graph: scripts/pytorch_unet.py, whose flags follow (unet --help)")
     sub.add_parser("tp", add_help=False,
                    help="train the GPT-3 shard with tensor parallelism over T processes (mpiexec -n T or "
                         "torchrun), eager or one full-step graph: scripts/pytorch_tp.py, whose flags follow "
@@ -1652,6 +1658,9 @@ def main(argv=None):
     if argv[:1] == ["rnnt"]:  # its own flags: scripts/pytorch_rnnt.py
         from pytorch_rnnt import main as rnnt_main
         return rnnt_main(argv[1:])
+    if argv[:1] == ["unet"]:  # its own flags: scripts/pytorch_unet.py
+        from pytorch_unet import main as unet_main
+        return unet_main(argv[1:])
     if argv[:1] == ["tp"]:  # its own flags: scripts/pytorch_tp.py
         from pytorch_tp import main as tp_main
         return tp_main(argv[1:])

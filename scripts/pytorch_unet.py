@@ -41,7 +41,15 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default="", help="write the summary here")
     p.add_argument("--count-only", action="store_true", help="print the parameter count and exit")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # Checked before torch is imported: bad flags fail at once.
+    if a.batch < 1 or a.steps < 1 or a.warmup < 0:
+        p.error("--batch and --steps must be at least 1, --warmup at least 0")
+    if a.latent < 8 or a.latent % 8:
+        p.error(f"--latent {a.latent}: the UNet downsamples three times, so a multiple of 8 is needed")
+    if a.groups < 1 or 320 % a.groups:
+        p.error(f"--groups {a.groups}: GroupNorm groups must divide the 320 channels of the first level")
+    return a
 
 
 def build_torch_unet(torch, groups):

@@ -156,6 +156,21 @@ class RnntSubcommand(unittest.TestCase):
             self.assertIn(says, r.stderr, bad)
 
 
+class UnetSubcommand(unittest.TestCase):
+    """`unet` hands its flags to scripts/pytorch_unet.py, which checks them before it imports torch."""
+
+    def test_flags_reach_pytorch_unet(self):
+        r = run_cli("unet", "--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--model", r.stdout)
+        self.assertIn("--graphs", r.stdout)
+        for bad, says in ((["--graphs", "layer"], "invalid choice"), (["--latent", "60"], "multiple of 8"),
+                          (["--groups", "7"], "divide the 320"), (["--batch", "0"], "at least 1")):
+            r = run_cli("unet", *bad)
+            self.assertEqual(r.returncode, 2, bad)
+            self.assertIn(says, r.stderr, bad)
+
+
 class Import(unittest.TestCase):
     @unittest.skipIf(TORCH_PRESENT, "torch is installed here")
     def test_import_does_not_need_torch(self):
