@@ -1285,6 +1285,14 @@ std::vector<float> MoeModel::router_bias(int moe_block) const {
   return {};
 }
 
+std::vector<int32_t> MoeModel::router_indices(int moe_block) const {
+  for (const auto& b : blocks_)
+    if (b->moe && b->moe_index == moe_block)
+      return read_back<int32_t>(b->indices, shape_.tokens() * shape_.topk);
+  REPLAY_REQUIRE(false, "router_indices: no MoE block " + std::to_string(moe_block));
+  return {};
+}
+
 double MoeModel::expert_flops_routed() const {
   const double rows = static_cast<double>(shape_.tokens() * shape_.topk);
   return 3.0 * static_cast<double>(shape_.moe_layers) *

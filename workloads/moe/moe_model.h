@@ -138,6 +138,9 @@ class MoeModel : public train::Model {
   std::vector<int32_t> dropped() const;
   std::vector<int32_t> routed_counts(int moe_block) const;
   std::vector<float> router_bias(int moe_block) const;
+  // The router's selection of the last forward, [tokens, topk] global expert indices (tests: read
+  // it after the forward, before the backward's phases can reuse its memory).
+  std::vector<int32_t> router_indices(int moe_block) const;
   // Model FLOPs of the routed expert GEMMs in one step (forward and backward, the kept
   // assignments as counted by the routed shape: M * topk rows), and as executed (capacity rows).
   double expert_flops_routed() const;

@@ -591,7 +591,8 @@ MoeLayerRefWeights MoeLayerRefWeights::zeros(const MoeLayerRefDims& d) {
 }
 
 void moe_layer(const MoeLayerRefDims& d, const MoeLayerRefWeights& w, const Vec& h, Vec* out,
-               const Vec* dout, MoeLayerRefWeights* dw, Vec* dh, int32_t* dropped, Vec* margin) {
+               const Vec* dout, MoeLayerRefWeights* dw, Vec* dh, int32_t* dropped, Vec* margin,
+               const std::vector<int32_t>* selection) {
   const int64_t M = d.tokens, C = d.hidden, F = d.expert_ffn, S = d.shared_ffn, cap = d.capacity;
   const int E = d.experts, L = d.local_experts, K = d.topk;
   const RouterShape rs{M, E, d.groups, d.topk_groups, K, static_cast<float>(d.route_scale)};
@@ -600,6 +601,11 @@ void moe_layer(const MoeLayerRefDims& d, const MoeLayerRefWeights& w, const Vec&
   Vec mg(static_cast<size_t>(M));
   router_select(idx.data(), mg.data(), logits.data(), w.bias.data(), rs);
   if (margin != nullptr) *margin = mg;
+  if (selection != nullptr) {
+    REPLAY_REQUIRE(selection->size() == idx.size(),
+                   "moe_layer: the selection is not [tokens, topk]");
+    idx = *selection;
+  }
   // router_weights scales by rs.route_scale (a float): the fp64 scale instead.
   Vec weights(idx.size());
   {

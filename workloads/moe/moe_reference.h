@@ -153,9 +153,12 @@ struct MoeLayerRefWeights {
   std::vector<std::vector<double>*> differentiable() { return {&router, &w1, &w2, &ws1, &ws2}; }
   static MoeLayerRefWeights zeros(const MoeLayerRefDims& d);
 };
+// selection (optional): [tokens, topk] indices to use instead of router_select's (a GPU's, whose
+// fp32 logits may order a near-tie otherwise); margin is still router_select's.
 void moe_layer(const MoeLayerRefDims& d, const MoeLayerRefWeights& w, const std::vector<double>& h,
                std::vector<double>* out, const std::vector<double>* dout = nullptr,
                MoeLayerRefWeights* dw = nullptr, std::vector<double>* dh = nullptr,
-               int32_t* dropped = nullptr, std::vector<double>* margin = nullptr);
+               int32_t* dropped = nullptr, std::vector<double>* margin = nullptr,
+               const std::vector<int32_t>* selection = nullptr);
 
 }  // namespace replay::moe::ref

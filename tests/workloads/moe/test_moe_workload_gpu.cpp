@@ -13,6 +13,9 @@
 //   DeepSeek-V3's YaRN, the key/value assembly, cuDNN attention, the output GEMM with the residual)
 //   forward and backward against the fp64 reference (moe_reference.h mla_block, finite-difference
 //   checked in test_moe_ref).
+// - MoeLayer: one MoE block (the norm, the router, the fold, the dispatch, the expert GEMMs, the
+//   shared expert, the combine) forward and backward against the fp64 reference (ref::moe_layer,
+//   finite-difference checked in test_moe_ref), the selection against the reference's where clear.
 // - MoeYarn: tiny with --rope-scaling yarn bit-identical in every mode and scope.
 // - MoeWarmup: step 0 (losses, weights, router biases) does not depend on --warmup: the router
 //   biases moved by the warm-up steps are restored with the step scalars.
@@ -433,6 +436,176 @@ TEST(MoeMla, ForwardAndBackwardMatchTheReference) {
 
 TEST(MoeMla, WithYarnMatchesTheReference) {
   check_mla_against_reference(YarnScaling::deepseek_v3());
+}
+
+// ---- The MoE block against the fp64 reference ---------------------------------------------------
+
+// One MoE block of a pipeline-stage shard (64 tokens, hidden 128; 8 experts top-2 in 4 groups keep
+// 2, folded onto 4 local experts with SwiGLU 64; a shared expert of 64; capacity factor 4: 128 rows
+// per local expert, nothing dropped) whose attention output projection is zero, so the block is
+// x + MoE(rmsnorm(x)); the auxiliary loss off (coefficient 0) so the router's gradient is the
+// weights' alone. The model's own kernels (the norm, the fp32 router GEMM and router, the fold,
+// the counting sort and gather, the batched expert GEMMs, the shared expert, the combine) forward
+// and backward against ref::moe_layer on the same bf16 values. The GPU's selection must be the
+// reference's wherever the reference's margin is clear of fp32 rounding; the reference then uses
+// the GPU's selection so that a near-tie cannot make the comparison fail.
+std::vector<double> rmsnorm_rows(const std::vector<double>& x, const std::vector<double>& g,
+                                 int64_t M, int64_t C, double eps, std::vector<double>* r) {
+  std::vector<double> y(x.size());
+  r->assign(static_cast<size_t>(M), 0.0);
+  for (int64_t t = 0; t < M; ++t) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c)
+      ss += x[static_cast<size_t>(t * C + c)] * x[static_cast<size_t>(t * C + c)];
+    const double rr = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
+    (*r)[static_cast<size_t>(t)] = rr;
+    for (int64_t c = 0; c < C; ++c)
+      y[static_cast<size_t>(t * C + c)] =
+          x[static_cast<size_t>(t * C + c)] * rr * g[static_cast<size_t>(c)];
+  }
+  return y;
+}
+
+TEST(MoeLayer, BlockMatchesTheReference) {
+  MoeShape s;
+  s.micro_batch = 2, s.seq = 32, s.hidden = 128, s.vocab = 0, s.head = HeadKind::kPipelineStage;
+  s.heads = 2, s.q_lora = 64, s.kv_lora = 64;
+  s.dense_layers = 0, s.moe_layers = 1;
+  s.experts = 8, s.local_experts = 4, s.groups = 4, s.topk_groups = 2, s.topk = 2;
+  s.expert_ffn = 64, s.shared_ffn = 64, s.capacity_factor = 4.0, s.aux_coeff = 0.0f;
+  Context ctx;
+  MoeModel model(ctx, s, 13, {});
+  ASSERT_EQ(s.capacity(), 128);
+  ArenaPlan plan;
+  model.plan(plan);
+  Arena arena(std::move(plan), ctx.device());
+  model.bind(arena);
+  DeviceBuffer<float> scalars(std::vector<float>{0.0f, 1.0f});
+  DeviceBuffer<int64_t> iteration(std::vector<int64_t>{0});
+  const train::StepIO io{scalars.p, scalars.p + 1, iteration.p};
+  const cudaStream_t stream = ctx.stream();
+  model.initialize(13, io, stream);
+
+  const int64_t M = s.tokens(), C = s.hidden, F = s.expert_ffn, S = s.shared_ffn;
+  const int L = s.local_experts, E = s.experts;
+  train::ParamStore& ps = model.params();
+  auto find = [&](const std::string& name) {
+    for (train::ParamId id = 0; id < ps.count(); ++id)
+      if (ps.spec(id).name == "layer0." + name) return id;
+    ADD_FAILURE() << "no parameter layer0." << name;
+    return train::ParamId{0};
+  };
+  std::mt19937 gen(77);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  // Host values, rounded to bf16, written to the device; `stddev` 0 writes zeros.
+  auto put = [&](void* dst, size_t n, double mean, double stddev) {
+    std::vector<bf16> h(n);
+    std::vector<double> v(n);
+    for (size_t k = 0; k < n; ++k) {
+      h[k] = __float2bfloat16_rn(static_cast<float>(mean + stddev * normal(gen)));
+      v[k] = f(h[k]);
+    }
+    EXPECT_EQ(cudaMemcpy(dst, h.data(), n * sizeof(bf16), cudaMemcpyHostToDevice), cudaSuccess);
+    return v;
+  };
+  auto param = [&](const std::string& name, double mean, double stddev) {
+    const train::ParamId id = find(name);
+    return put(ps.weight(id), static_cast<size_t>(ps.numel(id)), mean, stddev);
+  };
+  param("attn.o.weight", 0.0, 0.0);  // the attention adds nothing: x_mid = x
+  ref::MoeLayerRefDims d;
+  d.tokens = M, d.hidden = C, d.experts = E, d.local_experts = L, d.groups = s.groups;
+  d.topk_groups = s.topk_groups, d.topk = s.topk, d.expert_ffn = F, d.shared_ffn = S;
+  d.capacity = s.capacity(), d.route_scale = s.route_scale;
+  ref::MoeLayerRefWeights w = ref::MoeLayerRefWeights::zeros(d);
+  const std::vector<double> g2 = param("ffn_norm.weight", 1.0, 0.1);
+  w.router = param("moe.router.weight", 0.0, 1.0 / std::sqrt(static_cast<double>(C)));
+  w.w1 = param("moe.experts.gate_up.weight", 0.0, 1.0 / std::sqrt(static_cast<double>(C)));
+  w.w2 = param("moe.experts.down.weight", 0.0, 1.0 / std::sqrt(static_cast<double>(F)));
+  w.ws1 = param("moe.shared.gate_up.weight", 0.0, 1.0 / std::sqrt(static_cast<double>(C)));
+  w.ws2 = param("moe.shared.down.weight", 0.0, 1.0 / std::sqrt(static_cast<double>(S)));
+  const int64_t n = M * C;
+  const std::vector<double> x = put(model.stage_input().data, static_cast<size_t>(n), 0.0, 1.0);
+  const std::vector<double> g = put(model.stage_gradient().data, static_cast<size_t>(n), 0.0, 1.0);
+
+  std::vector<double> out;
+  std::vector<int32_t> gpu_idx;
+  for (const graphs::Region& r : model.regions()) {
+    r.enqueue(stream, graphs::RegionArgs());
+    if (r.name == "head") {
+      out = read_bf16(model.output().data, n);
+      gpu_idx = model.router_indices(0);
+    }
+  }
+  const std::vector<double> dx = read_bf16(model.residual_gradient().data, n);
+  ASSERT_EQ(out.size(), static_cast<size_t>(n)) << "no head region";
+  EXPECT_EQ(model.dropped()[0], 0);
+
+  // The reference: h2 = rmsnorm(x; g2) in fp64, the MoE part, the norm's backward.
+  std::vector<double> r2;
+  const std::vector<double> h2 = rmsnorm_rows(x, g2, M, C, s.norm_eps, &r2);
+  std::vector<double> dout(g.size());
+  for (size_t i = 0; i < g.size(); ++i) dout[i] = g[i] / static_cast<double>(n);
+  std::vector<double> want_moe, dh2, margin, unused;
+  ref::MoeLayerRefWeights dw;
+  int32_t dropped = -1;
+  ref::moe_layer(d, w, h2, &unused, nullptr, nullptr, nullptr, nullptr, &margin);
+  std::vector<int32_t> ref_idx(gpu_idx.size());
+  {
+    // router_select's own choice, to compare with the GPU's where the margin is clear.
+    std::vector<double> logits(static_cast<size_t>(M * E), 0.0);
+    for (int64_t t = 0; t < M; ++t)
+      for (int e = 0; e < E; ++e)
+        for (int64_t c = 0; c < C; ++c)
+          logits[static_cast<size_t>(t * E + e)] +=
+              h2[static_cast<size_t>(t * C + c)] * w.router[static_cast<size_t>(e * C + c)];
+    ref::router_select(ref_idx.data(), nullptr, logits.data(), w.bias.data(),
+                       RouterShape{M, E, s.groups, s.topk_groups, s.topk, s.route_scale});
+  }
+  int clear = 0, agree = 0;
+  for (int64_t t = 0; t < M; ++t) {
+    if (margin[static_cast<size_t>(t)] < 1e-2) continue;
+    ++clear;
+    bool same = true;
+    for (int j = 0; j < s.topk; ++j)
+      same = same && gpu_idx[static_cast<size_t>(t * s.topk + j)] ==
+                         ref_idx[static_cast<size_t>(t * s.topk + j)];
+    agree += same ? 1 : 0;
+  }
+  EXPECT_GT(clear, M / 2) << "too few tokens with a clear routing margin to check the selection";
+  EXPECT_EQ(agree, clear) << "the GPU's selection differs where the reference's margin is clear";
+  ref::moe_layer(d, w, h2, &want_moe, &dout, &dw, &dh2, &dropped, nullptr, &gpu_idx);
+  EXPECT_EQ(dropped, 0);
+  // dx = dout (the residual) + the norm's backward of dh2.
+  std::vector<double> want_dx(dout), dg2(static_cast<size_t>(C), 0.0);
+  for (int64_t t = 0; t < M; ++t) {
+    const double rr = r2[static_cast<size_t>(t)];
+    double dot = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(t * C + c);
+      dot += g2[static_cast<size_t>(c)] * dh2[i] * x[i];
+      dg2[static_cast<size_t>(c)] += dh2[i] * x[i] * rr;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const auto i = static_cast<size_t>(t * C + c);
+      want_dx[i] += rr * g2[static_cast<size_t>(c)] * dh2[i] -
+                    x[i] * rr * rr * rr / static_cast<double>(C) * dot;
+    }
+  }
+  std::vector<double> moe(out.size());
+  for (size_t i = 0; i < out.size(); ++i) moe[i] = out[i] - x[i];
+  EXPECT_LT(rel_l2(moe, want_moe), 3e-2) << "output - x";
+  EXPECT_LT(rel_l2(dx, want_dx), 3e-2) << "input gradient";
+  auto grad = [&](const std::string& name) {
+    const train::ParamId id = find(name);
+    return read_f32(ps.grad(id), ps.numel(id));
+  };
+  EXPECT_LT(rel_l2(grad("ffn_norm.weight"), dg2), 3e-2) << "ffn_norm gradient";
+  EXPECT_LT(rel_l2(grad("moe.router.weight"), dw.router), 3e-2) << "router gradient";
+  EXPECT_LT(rel_l2(grad("moe.experts.gate_up.weight"), dw.w1), 3e-2) << "experts' gate_up gradient";
+  EXPECT_LT(rel_l2(grad("moe.experts.down.weight"), dw.w2), 3e-2) << "experts' down gradient";
+  EXPECT_LT(rel_l2(grad("moe.shared.gate_up.weight"), dw.ws1), 3e-2) << "shared gate_up gradient";
+  EXPECT_LT(rel_l2(grad("moe.shared.down.weight"), dw.ws2), 3e-2) << "shared down gradient";
 }
 
 // YaRN changes the table and the softmax scale, nothing about the graphs: every mode and scope
