@@ -130,7 +130,9 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   {
     LstmDesc d = pred_rnn_.plan->desc();
     d.max_seq = 1;
-    pred_step_ = std::make_unique<LstmPlan>(ctx_, d);
+    if (data_.decode_own_handle)
+      decode_ctx_ = std::make_unique<Context>(ctx_.device(), 0, /*allow_any_gpu=*/true);
+    pred_step_ = std::make_unique<LstmPlan>(decode_ctx(), d);
     REPLAY_REQUIRE(pred_step_->weight_bytes() == pred_rnn_.plan->weight_bytes(),
                    "RNN-T: the one-step prediction LSTM's weight space differs");
     lstm_ws_bytes_ = std::max(lstm_ws_bytes_, pred_step_->workspace_bytes());
@@ -401,7 +403,7 @@ void RnntModel::initialize(uint64_t seed, const train::StepIO& io, cudaStream_t 
     st->plan->check_weight_layout(ctx_, params_.weight(st->param));
     base += 1000000;
   }
-  pred_step_->check_weight_layout(ctx_, params_.weight(pred_rnn_.param));
+  pred_step_->check_weight_layout(decode_ctx(), params_.weight(pred_rnn_.param));
   if (ema_ != nullptr)  // the average starts at the initial weights
     REPLAY_CUDA_CHECK(cudaMemcpyAsync(ema_, params_.masters().data,
                                       static_cast<size_t>(params_.buffer_numel()) * sizeof(float),
@@ -878,12 +880,12 @@ void RnntModel::decode_step(cudaStream_t s) {
                 V = shape_.vocab;
   const DType dt = shape_.dtype;
   decode_embed(dec_x_, eval_weight(embed_), dec_.label, dt, ds, Hp, s);
-  pred_step_->set_lengths(ones_.data(), 1);
-  fill_int32(step_lengths_, 1, B, s);
+  pred_step_->set_lengths(ones_.data(), 1);  // host-only; the device lengths: eval_decode
   LstmForwardArgs a;
   a.lengths = step_lengths_, a.x = dec_x_, a.hx = dec_h_, a.cx = dec_c_;
   a.weights = eval_weight(pred_rnn_.param), a.y = dec_y_, a.hy = dec_hy_, a.cy = dec_cy_;
-  pred_step_->forward(ctx_, s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr, 0);
+  pred_step_->forward(decode_ctx(), s, LstmMode::kInference, a, lstm_ws_, lstm_ws_bytes_, nullptr,
+                      0);
   GemmArgs q;
   q.a = dec_y_, q.b = eval_weight(pred_proj_.weight), q.d = dec_q_;
   q.bias = eval_weight(pred_proj_.bias);
@@ -900,6 +902,7 @@ void RnntModel::decode_step(cudaStream_t s) {
 void RnntModel::eval_decode(cudaStream_t s) {
   const DecodeShape ds = decode_shape();
   clock_mark(eval_clock_, -1, 2, s);
+  fill_int32(step_lengths_, 1, shape_.batch, s);  // the one-step LSTM's lengths, once per batch
   decode_init(dec_, dec_h_, dec_c_, shape_.dtype, static_cast<const int32_t*>(enc_len_), ds, s);
   if (data_.decoder == DecoderKind::kHost) {
     // The eager reference: one step, then the host reads the flag (a sync per step). Every step

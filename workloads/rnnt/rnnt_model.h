@@ -121,6 +121,10 @@ struct RnntData {
   // In `full` mode: the evaluation's encoder and WHILE-node decoder captured into one graph
   // (EvalInfo::one_graph_in_full) instead of two.
   bool eval_one_graph = false;
+  // The decoder's one-step prediction LSTM on a cuDNN handle of its own (a second Context), not
+  // the one the encoder's LSTMs use (lab/rnnt_one_graph tests whether sharing one handle is what
+  // breaks one evaluation graph).
+  bool decode_own_handle = true;
   std::shared_ptr<RnntEvalLog> eval_log;  // written by every evaluation; may be null
 };
 
@@ -221,6 +225,7 @@ class RnntModel : public train::Model {
   // A weight as evaluation reads it: the EMA's copy in the model's type, or the weight itself.
   void* eval_weight(train::ParamId id) const;
   void eval_decode(cudaStream_t s);
+  const Context& decode_ctx() const { return decode_ctx_ ? *decode_ctx_ : ctx_; }
   void decode_step(cudaStream_t s);
   DecodeShape decode_shape() const;
 
@@ -252,6 +257,7 @@ class RnntModel : public train::Model {
   // Evaluation.
   Dims eval_;  // the held-out split's padded shape
   int64_t eval_batches_ = 0, next_eval_ = 0, evaluated_ = 0;
+  std::unique_ptr<Context> decode_ctx_;   // with decode_own_handle: the decoder's cuDNN handle
   std::unique_ptr<LstmPlan> pred_step_;  // the prediction network, one step (decoding)
   int32_t* step_lengths_ = nullptr;      // its device lengths (all 1)
   std::vector<int32_t> ones_;

@@ -68,6 +68,10 @@ void RnntWorkload::add_flags(CLI::App& app) {
                  "decoder; the default) or one (both in one graph: aborted on an H100 with CUDA "
                  "13.0 and cuDNN 9.14, see lab/rnnt_one_graph)")
       ->check(CLI::IsMember({"one", "two"}));
+  app.add_option("--decode-handle", decode_handle_flag_,
+                 "the decoder's one-step prediction LSTM on a cuDNN handle of its own (own, the "
+                 "default) or on the encoder's (shared): a probe of the one-graph evaluation")
+      ->check(CLI::IsMember({"own", "shared"}));
   app.add_option("--optimizer", optimizer_flag_,
                  "lamb (MLPerf's: eps 1e-9, weight decay 1e-3; the mlperf-b192 default) or adamw "
                  "(the same eps and decay; the tiny default)")
@@ -143,6 +147,7 @@ nlohmann::ordered_json RnntWorkload::config() const {
   j["ladder_rungs_asked"] = ladder_flag_;
   j["decoder"] = decoder_flag_;
   j["eval_graph"] = eval_graph_flag_;
+  j["decode_handle"] = decode_handle_flag_;
   j["optimizer"] = lamb_ ? "lamb" : "adamw";
   if (params_count_ > 0) j["parameters"] = params_count_;
   if (!batching_.shapes.empty()) {
@@ -303,6 +308,7 @@ std::unique_ptr<train::Model> RnntWorkload::build(Context& ctx, const train::Tra
                  : decoder_flag_ == "unrolled" ? DecoderKind::kUnrolled
                                                : DecoderKind::kWhile;
   data.eval_one_graph = eval_graph_flag_ == "one";
+  data.decode_own_handle = decode_handle_flag_ == "own";
   data.eval_log = eval_log_;
   auto model = std::make_unique<RnntModel>(ctx, shape_, std::move(data));
   params_count_ = model->total_params();

@@ -60,6 +60,7 @@ class RnntWorkload : public train::Workload {
   int batch_flag_ = 0;
   std::string decoder_flag_ = "while";
   std::string eval_graph_flag_ = "two";
+  std::string decode_handle_flag_ = "own";
   std::string optimizer_flag_;
   double ema_flag_ = -1;  // < 0: the preset's  // "", "lamb", "adamw": empty is the preset's
   // Resolved.

@@ -13,6 +13,8 @@
 //   node, eager (none) and inside the evaluation graph (full); by then the model emits labels, so
 //   the hypotheses compared are not empty; the error rate is MLPerf's eval_accuracy; each decoder's
 //   evaluation timed its encoder and its decoding on the device.
+// - RnntOneGraphEval: --eval-graph one (encoder and WHILE node in one evaluation graph) decodes
+//   what two graphs and the host loop decode.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -169,6 +171,31 @@ TEST(RnntDecoding, HostLoopAndWhileNodeEmitTheSameTokens) {
     std::printf("  %-13s encoder %.3f ms, decoding %.3f ms (4 batches of 16)\n", name,
                 e->encode_s * 1e3, e->decode_s * 1e3);
   }
+}
+
+// One evaluation graph in full mode (--eval-graph one: the encoder and the WHILE node captured
+// together), the decoder's LSTM on its own cuDNN handle (the default): the same tokens and error
+// rate as two graphs, and as the eager host loop, after the same training.
+TEST(RnntOneGraphEval, EncoderAndWhileNodeInOneGraphDecodeTheSame) {
+  const std::vector<std::string> common = {"--steps", "12",    "--eval-interval",
+                                           "6",       "--pad", "ladder"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  RnntEvalLog two, one, host;
+  const train::RunResult a = run(with({"--graphs", "full", "--eval-graph", "two"}), nullptr, &two);
+  const train::RunResult b = run(with({"--graphs", "full", "--eval-graph", "one"}), nullptr, &one);
+  run(with({"--graphs", "none", "--decoder", "host"}), nullptr, &host);
+  EXPECT_EQ(a.master_hash, b.master_hash);
+  EXPECT_EQ(one.utterances, 64);
+  EXPECT_EQ(one.tokens_hash, two.tokens_hash) << "one evaluation graph vs two";
+  EXPECT_EQ(one.tokens_hash, host.tokens_hash) << "one evaluation graph vs the host loop";
+  EXPECT_EQ(one.wer, two.wer);
+  ASSERT_EQ(one.decode_s_history.size(), 2u);  // evaluations after steps 6 and 12
+  EXPECT_GT(one.decode_s, 0.0);
+  std::printf("one evaluation graph: decoding %.3f ms, two graphs %.3f ms (tiny, 4 batches)\n",
+              one.decode_s * 1e3, two.decode_s * 1e3);
 }
 
 }  // namespace
