@@ -257,7 +257,7 @@ class RnntModel : public train::Model {
   // Evaluation.
   Dims eval_;  // the held-out split's padded shape
   int64_t eval_batches_ = 0, next_eval_ = 0, evaluated_ = 0;
-  std::unique_ptr<Context> decode_ctx_;   // with decode_own_handle: the decoder's cuDNN handle
+  std::unique_ptr<Context> decode_ctx_;  // with decode_own_handle: the decoder's cuDNN handle
   std::unique_ptr<LstmPlan> pred_step_;  // the prediction network, one step (decoding)
   int32_t* step_lengths_ = nullptr;      // its device lengths (all 1)
   std::vector<int32_t> ones_;
