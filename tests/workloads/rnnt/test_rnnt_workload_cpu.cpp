@@ -65,6 +65,7 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
                      .loss_scaling.has_value());
     EXPECT_EQ(w.config()["pad"], "exact");
     EXPECT_EQ(w.config()["eval_graph"], "two");
+    EXPECT_EQ(w.config()["decode_handle"], "own");
   }
   {
     RnntWorkload w;
@@ -80,7 +81,8 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
                                                      {"--decoder", "beam"},
                                                      {"--graphs", "layer", "--eval-graph", "one"},
                                                      {"--graphs", "none", "--eval-graph", "one"},
-                                                     {"--eval-graph", "three"}};
+                                                     {"--eval-graph", "three"},
+                                                     {"--decode-handle", "borrowed"}};
   for (const auto& args : bad) {
     RnntWorkload fresh;
     EXPECT_THROW(resolved(fresh, args), bench::UsageError) << args[0] << " " << args[1];
