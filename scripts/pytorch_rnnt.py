@@ -267,7 +267,7 @@ def parse_ladder(text):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="pytorch_rnnt.py", description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(prog="pytorch_rnnt.py", description=__doc__.split("\n")[0])
     ap.add_argument("--mode", choices=["eager", "graphed"], default="eager")
     ap.add_argument("--loss", choices=["torchaudio", "torch"], default="",
                     help="the transducer loss: torchaudio's rnnt_loss (eager's default) or the "
