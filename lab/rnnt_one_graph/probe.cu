@@ -83,16 +83,16 @@ struct DevBuf {
 struct Pieces {
   const Context& ctx;
   const Context& body_ctx;  // the body's cuDNN handle (ctx unless two-handles)
-  int64_t B, T, I = 240, H = 256, Hp;
+  int64_t B, T, I = 240, H, Hp;
   LstmPlan enc, step;
   DevBuf x, y, enc_w, enc_len, ws;
   DevBuf sx, sy, sh, sc, shy, scy, step_w, step_len;
   DevBuf ints;  // remaining, flag, runs, touch
   size_t ws_bytes;
 
-  static LstmDesc enc_desc(int64_t B, int64_t T) {
+  static LstmDesc enc_desc(int64_t B, int64_t T, int64_t h, int64_t layers) {
     LstmDesc d;
-    d.input_size = 240, d.hidden_size = 256, d.layers = 2, d.batch = B, d.max_seq = T;
+    d.input_size = 240, d.hidden_size = h, d.layers = layers, d.batch = B, d.max_seq = T;
     d.dtype = DType::kFP16, d.layout = LstmLayout::kBatchMajor;
     return d;
   }
@@ -103,16 +103,18 @@ struct Pieces {
     return d;
   }
 
-  Pieces(const Context& c, const Context& bc, int64_t b, int64_t t, int64_t hp = 128)
+  Pieces(const Context& c, const Context& bc, int64_t b, int64_t t, int64_t hp = 128,
+         int64_t eh = 256, int64_t el = 2)
       : ctx(c),
         body_ctx(bc),
         B(b),
         T(t),
+        H(eh),
         Hp(hp),
-        enc(c, enc_desc(b, t)),
+        enc(c, enc_desc(b, t, eh, el)),
         step(bc, step_desc(b, hp)),
         x(static_cast<size_t>(b * t * 240) * 2),
-        y(static_cast<size_t>(b * t * 256) * 2),
+        y(static_cast<size_t>(b * t * eh) * 2),
         enc_w(enc.weight_bytes()),
         enc_len(static_cast<size_t>(b) * 4),
         ws(std::max(enc.workspace_bytes(), step.workspace_bytes())),
@@ -236,12 +238,13 @@ std::vector<Variant> variants() {
   return v;
 }
 
-int run_variant(const Variant& v, graphs::CaptureMode mode, int64_t B, int64_t T, int32_t iters) {
+int run_variant(const Variant& v, graphs::CaptureMode mode, int64_t B, int64_t T, int32_t iters,
+                int64_t enc_hidden, int64_t enc_layers) {
   using Clock = std::chrono::steady_clock;
   Context ctx;
   std::unique_ptr<Context> second;
   if (v.two_handles) second = std::make_unique<Context>();
-  Pieces p(ctx, second ? *second : ctx, B, T);
+  Pieces p(ctx, second ? *second : ctx, B, T, 128, enc_hidden, enc_layers);
   graphs::Conditionals cond;
   cudaStream_t s = ctx.stream();
   const int32_t loop_iters = v.if_node ? 1 : iters;
@@ -312,10 +315,12 @@ int run_variant(const Variant& v, graphs::CaptureMode mode, int64_t B, int64_t T
   const bool ran = !v.loop || want_runs == loop_iters;
   const bool ok = same && finite && counted && ran;
   std::printf(
-      "probe %s: %s (capture mode %s, B %lld, T %lld, loop runs %d eager and %d in 2 launches, "
+      "probe %s: %s (capture mode %s, B %lld, T %lld, encoder %lld x %lld, loop runs %d eager and "
+      "%d in 2 launches, "
       "outputs %s eager bitwise, %s; built in %.1f ms)\n",
       v.name.c_str(), ok ? "OK" : "FAILED", graphs::capture_mode_name(mode),
-      static_cast<long long>(B), static_cast<long long>(T), want_runs, runs,
+      static_cast<long long>(B), static_cast<long long>(T),
+      static_cast<long long>(p.enc.desc().layers), static_cast<long long>(p.H), want_runs, runs,
       same ? "equal to" : "DIFFERENT from", finite ? "finite" : "NOT FINITE", build_ms);
   return ok ? 0 : 1;
 }
@@ -449,12 +454,16 @@ int main(int argc, char** argv) {
   bool list = false;
   int64_t batch = 64, frames = 48;
   int32_t iters = 5;
+  int64_t enc_hidden = 256, enc_layers = 2;
   app.add_option("--case", which, "the variant to run (--list names them)");
   app.add_option("--capture-mode", mode_flag, "global (StepPlan's) or thread-local")
       ->check(CLI::IsMember({"global", "thread-local"}));
   app.add_option("--batch", batch, "utterances")->check(CLI::Range(1, 4096));
   app.add_option("--frames", frames, "encoder frames")->check(CLI::Range(1, 4096));
   app.add_option("--iters", iters, "loop iterations a launch")->check(CLI::Range(1, 1000));
+  app.add_option("--enc-hidden", enc_hidden, "the encoder's hidden size")
+      ->check(CLI::Range(8, 4096));
+  app.add_option("--enc-layers", enc_layers, "the encoder's layers")->check(CLI::Range(1, 8));
   app.add_flag("--list", list, "list the variants");
   CLI11_PARSE(app, argc, argv);
   const std::vector<rnnt::Variant> vs = rnnt::variants();
@@ -477,7 +486,7 @@ int main(int argc, char** argv) {
       return rnnt::run_variant(
           v,
           mode_flag == "global" ? graphs::CaptureMode::kGlobal : graphs::CaptureMode::kThreadLocal,
-          batch, frames, iters);
+          batch, frames, iters, enc_hidden, enc_layers);
     } catch (const std::exception& e) {
       std::printf("probe %s: FAILED: %s\n", v.name.c_str(), e.what());
       return 1;
