@@ -1387,6 +1387,7 @@ def run_workload(args, cfg, layers):
     def load(i):
         static_tokens.copy_(tokens[i], non_blocking=True)
 
+    static_loss = None  # the graph's loss output (--graphs full)
     graph, graphs_info, pool_bytes = None, {"count": 0, "nodes": 0, "capture_ms": None,
                                             "instantiate_ms": None}, None
     if args.graphs == "full":

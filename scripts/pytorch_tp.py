@@ -347,6 +347,7 @@ def run(args, cfg, layers, rank, size, local_rank):
     def load(i):
         static_tokens.copy_(tokens[i], non_blocking=True)
 
+    static_loss = None  # the graph's loss output (--graphs full)
     graph, info = None, {"count": 0, "nodes": 0, "capture_ms": None, "instantiate_ms": None}
     if args.graphs == "full":
         side = torch.cuda.Stream()
