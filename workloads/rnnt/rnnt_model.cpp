@@ -136,7 +136,6 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
     REPLAY_REQUIRE(pred_step_->weight_bytes() == pred_rnn_.plan->weight_bytes(),
                    "RNN-T: the one-step prediction LSTM's weight space differs");
     lstm_ws_bytes_ = std::max(lstm_ws_bytes_, pred_step_->workspace_bytes());
-    ones_.assign(static_cast<size_t>(B), 1);
   }
   cond_ = std::make_unique<graphs::Conditionals>();
   if (data_.decoder == DecoderKind::kUnrolled) {
@@ -880,7 +879,7 @@ void RnntModel::decode_step(cudaStream_t s) {
                 V = shape_.vocab;
   const DType dt = shape_.dtype;
   decode_embed(dec_x_, eval_weight(embed_), dec_.label, dt, ds, Hp, s);
-  pred_step_->set_lengths(ones_.data(), 1);  // host-only; the device lengths: eval_decode
+  // The one-step plan's lengths are all 1 from its construction; the device copy: eval_decode.
   LstmForwardArgs a;
   a.lengths = step_lengths_, a.x = dec_x_, a.hx = dec_h_, a.cx = dec_c_;
   a.weights = eval_weight(pred_rnn_.param), a.y = dec_y_, a.hy = dec_hy_, a.cy = dec_cy_;

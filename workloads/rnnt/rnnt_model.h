@@ -260,7 +260,6 @@ class RnntModel : public train::Model {
   std::unique_ptr<Context> decode_ctx_;  // with decode_own_handle: the decoder's cuDNN handle
   std::unique_ptr<LstmPlan> pred_step_;  // the prediction network, one step (decoding)
   int32_t* step_lengths_ = nullptr;      // its device lengths (all 1)
-  std::vector<int32_t> ones_;
   std::unique_ptr<graphs::Conditionals> cond_;
   DecodeState dec_;
   int32_t* host_flag_ = nullptr;     // pinned: the host decoders' copy of the flag
