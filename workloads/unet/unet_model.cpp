@@ -125,19 +125,23 @@ struct Node;
 // read back at every load_batch (a host sync: a diagnostic, never a timed run's default) or when
 // the pool is full, and the totals written to a file when the model is destroyed.
 struct OpTimer {
-  static constexpr int kBoundary = -1;  // a region's start: the time before it is nobody's
+  static constexpr int kBoundary = -1;     // a region's start: the time before it is nobody's
+  static constexpr size_t kTopNodes = 30;  // the slowest nodes the file lists
   std::string path;
   std::vector<cudaEvent_t> events;
   std::vector<int> classes;  // of each recorded event: the node's op class, or kBoundary
+  std::vector<int> owners;   // of each recorded event: the node whose work ended there, or -1
   size_t used = 0;
   std::array<double, kOpClasses> ms{};
   std::array<int64_t, kOpClasses> calls{};
+  std::vector<double> node_ms;  // by node index: its forward, backward and recomputes
   // Steps summed: all but the first, whose launches load the kernels' modules (CUDA's lazy
   // loading) and warm the libraries; the first alone in a one-step run.
   int64_t steps = 0;
   int64_t started = 0;  // region "input.fwd" starts seen
 
-  OpTimer(std::string file, size_t pool) : path(std::move(file)), classes(pool, kBoundary) {
+  OpTimer(std::string file, size_t pool, size_t nodes)
+      : path(std::move(file)), classes(pool, kBoundary), owners(pool, -1), node_ms(nodes, 0.0) {
     for (size_t i = 0; i < pool; ++i) {
       cudaEvent_t e = nullptr;
       REPLAY_CUDA_CHECK(cudaEventCreate(&e));
@@ -156,15 +160,17 @@ struct OpTimer {
       collect();
       ms.fill(0);
       calls.fill(0);
+      std::fill(node_ms.begin(), node_ms.end(), 0.0);
       steps = 0;
     }
     started += 1;
     steps += 1;
   }
-  void mark(int op_class, cudaStream_t s) {
+  void mark(int op_class, cudaStream_t s, int owner = -1) {
     if (used == events.size()) collect();
     REPLAY_CUDA_CHECK(cudaEventRecord(events[used], s));
     classes[used] = op_class;
+    owners[used] = owner;
     used += 1;
   }
   // Waits for the recorded events, adds their intervals, keeps the last as the next one's start.
@@ -178,9 +184,11 @@ struct OpTimer {
       REPLAY_CUDA_CHECK(cudaEventElapsedTime(&t, events[i - 1], events[i]));
       ms[static_cast<size_t>(c)] += t;
       calls[static_cast<size_t>(c)] += 1;
+      if (owners[i] >= 0) node_ms[static_cast<size_t>(owners[i])] += t;
     }
     std::swap(events[0], events[used - 1]);
     classes[0] = kBoundary;
+    owners[0] = -1;
     used = 1;
   }
 };
@@ -311,7 +319,7 @@ void UnetModel::Impl::recompute_for(Node& n, cudaStream_t s) {
   for (int t : n.recomputes) {
     Node& p = *nodes[static_cast<size_t>(T(t).producer)];
     p.recompute(*this, s);
-    if (timer) timer->mark(static_cast<int>(p.op_class), s);
+    if (timer) timer->mark(static_cast<int>(p.op_class), s, p.index);
   }
 }
 
@@ -1223,7 +1231,7 @@ void UnetModel::time_ops(const std::string& path) {
   REPLAY_REQUIRE(!path.empty(), "--op-times: no file");
   // One step's events: a start per region, one per node forward and one per node backward.
   const size_t pool = 2 * m.nodes.size() + 2 * m.blocks.size() + 8;
-  m.timer = std::make_unique<OpTimer>(path, pool);
+  m.timer = std::make_unique<OpTimer>(path, pool, m.nodes.size());
 }
 
 void UnetModel::poison_dead_buffers() {
@@ -1259,7 +1267,28 @@ void UnetModel::write_op_times() {
                    ms > 0 ? m.class_bytes[i] / (ms * 1e6) : 0.0);
     std::fprintf(f, "}%s\n", c + 1 < kOpClasses ? "," : "");
   }
-  std::fprintf(f, "  }\n}\n");
+  // The nodes that took the most time (forward, backward and any recompute together), with the
+  // rate each achieved: where a class's time goes, shape by shape.
+  std::vector<size_t> order(m.nodes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&t](size_t a, size_t b) { return t.node_ms[a] > t.node_ms[b]; });
+  order.resize(std::min<size_t>(order.size(), OpTimer::kTopNodes));
+  std::fprintf(f, "  },\n  \"top_nodes\": [\n");
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Node& n = *m.nodes[order[k]];
+    const double ms = t.node_ms[order[k]] / steps;
+    const double flops = n.flops();
+    double bytes = n.bytes(m, false) + n.bytes(m, true);
+    if (!n.outs.empty() && m.tensors[static_cast<size_t>(n.outs[0])].recompute)
+      bytes += n.bytes(m, false);
+    std::fprintf(f, "    {\"node\": \"%s\", \"class\": \"%s\", \"ms_per_step\": %.4f",
+                 n.name.c_str(), op_class_name(n.op_class), ms);
+    if (flops > 0) std::fprintf(f, ", \"tflop_per_s\": %.2f", ms > 0 ? flops / (ms * 1e9) : 0.0);
+    if (bytes > 0) std::fprintf(f, ", \"gb_per_s\": %.1f", ms > 0 ? bytes / (ms * 1e6) : 0.0);
+    std::fprintf(f, "}%s\n", k + 1 < order.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
   if (std::fclose(f) != 0) throw Error("replay-unet", "io", "--op-times: cannot write " + t.path);
   std::fprintf(stderr, "# op times: %s (%.1f ms of model ops a step over %" PRId64 " steps%s)\n",
                t.path.c_str(), total / steps, t.steps,
@@ -1620,7 +1649,7 @@ std::vector<graphs::Region> UnetModel::regions() {
       }
       for (Node* n : nodes) {
         n->forward(m, s);
-        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s, n->index);
         if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
     };
@@ -1635,13 +1664,13 @@ std::vector<graphs::Region> UnetModel::regions() {
       if (m.timer) m.timer->mark(OpTimer::kBoundary, s);
       for (Node* n : nodes) {
         n->forward(m, s);
-        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s);
+        if (m.timer) m.timer->mark(static_cast<int>(n->op_class), s, n->index);
         if (m.poison) m.poison_after(m.fwd_phase(n->index), s);
       }
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
         m.recompute_for(**it, s);
         (*it)->backward(m, s);
-        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s, (*it)->index);
         if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };
@@ -1664,7 +1693,7 @@ std::vector<graphs::Region> UnetModel::regions() {
       for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
         m.recompute_for(**it, s);
         (*it)->backward(m, s);
-        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s);
+        if (m.timer) m.timer->mark(static_cast<int>((*it)->op_class), s, (*it)->index);
         if (m.poison) m.poison_after(m.bwd_phase((*it)->index), s);
       }
     };

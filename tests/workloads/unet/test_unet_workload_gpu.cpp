@@ -24,6 +24,7 @@
 //   attention and linear layers all took time, and their calls per step match the tiny model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -309,6 +310,15 @@ TEST(UnetOpTimes, EagerRunWritesTimePerOpClass) {
     EXPECT_GT(op_field(json, op, "gb_per_step"), 0.0) << json;
     EXPECT_EQ(op_field(json, op, "tflop_per_s"), -1.0) << json;
   }
+  // The slowest nodes: 30 of them (tiny has more), each named with its class, slowest first.
+  const std::regex node(
+      R"re(\{"node": "([^"]+)", "class": "([a-z_]+)", "ms_per_step": ([0-9.]+))re");
+  std::vector<double> ms;
+  for (std::sregex_iterator it(json.begin(), json.end(), node), end; it != end; ++it)
+    ms.push_back(std::stod((*it)[3].str()));
+  ASSERT_EQ(ms.size(), 30u) << json;
+  EXPECT_TRUE(std::is_sorted(ms.rbegin(), ms.rend())) << json;
+  EXPECT_GT(ms.front(), 0.0) << json;
 }
 
 }  // namespace
