@@ -7,7 +7,8 @@
 #include <vector>
 
 constexpr int kKernels = 100, kIters = 50;
-constexpr float kThreshold = 2.5f;  // speedup over eager: broken stays under it, fixed is above
+// Speedup over eager: broken stays under it, fixed is above (on H100s about 2.2x and 4-5x).
+constexpr float kThreshold = 3.0f;
 
 __global__ void tiny(float* x) {
   x[threadIdx.x] += 1.0f;

@@ -13,11 +13,16 @@ graphs.
    capacity factor 8 (nothing dropped on either side, so the same assignments reach the same
    experts) step 0's loss within FIRST_STEP_TOLERANCE (the same model and data, but the GEMMs see
    128 rows a rank against 256, so cuBLASLt may pick other kernels and a bf16 output may round one
-   ulp the other way, as TP's partial sums do; the loss is the mean of two partial means) and every
-   loss of 20 steps within LOSS_TOLERANCE + LOSS_RELATIVE x |one GPU's loss| (the gradient sums of
-   the replicated parameters are ordered differently: all-reduced halves against one sum), for
+   ulp the other way, as TP's partial sums do; the loss is the mean of two partial means), each
+   loss of the first CLOSE_STEPS steps within LOSS_TOLERANCE + LOSS_RELATIVE x |one GPU's loss|
+   (the gradient sums of the replicated parameters are ordered differently: all-reduced halves
+   against one sum), and the mean of the last 5 losses within TAIL_RELATIVE of one GPU's, for
    tiny-ep (pipeline-stage head) and tiny (an LM head over synthetic tokens, a dense block first;
-   8 experts, 4 a rank).
+   8 experts, 4 a rank). Not every step: routing is discrete, and once the rounding differences
+   flip one token's top-k choice near a tie, the two runs' trajectories part; at tiny's high
+   learning rate a loss spike then lands on another step (two H100s: step 14 4.07 against 4.53,
+   back within 4e-3 by step 19). A wrong gradient scale or a lost exchange shows in the first
+   steps (step 1 agreed to 1e-5 there).
 3. Refusals before any work: --ep 4 on a launch of 2 processes, --ep 2 with --dropless, --ep 3
    not dividing tiny's 8 experts, and --ep 2 in one process.
 
@@ -35,6 +40,8 @@ STEPS = 20
 FIRST_STEP_TOLERANCE = 5e-3
 LOSS_TOLERANCE = 0.02
 LOSS_RELATIVE = 0.02
+CLOSE_STEPS = 10
+TAIL_RELATIVE = 0.05
 
 
 def skip(why):
@@ -126,7 +133,9 @@ def against_one_gpu(binary, mpiexec, preset, common, tmp, failures):
         return
     a, b = load(ep2)["losses"], load(one)["losses"]
     first, worst = abs(a[0] - b[0]), max(abs(x - y) for x, y in zip(a, b))
-    excess = max(abs(x - y) - LOSS_RELATIVE * abs(y) for x, y in zip(a, b))  # against LOSS_TOLERANCE
+    excess = max(abs(x - y) - LOSS_RELATIVE * abs(y)
+                 for x, y in zip(a[:CLOSE_STEPS], b[:CLOSE_STEPS]))  # against LOSS_TOLERANCE
+    tail_a, tail_b = sum(a[-5:]) / 5, sum(b[-5:]) / 5
     print(f"{preset}: EP2 {a[0]:.6f} -> {a[-1]:.6f}, one GPU {b[0]:.6f} -> {b[-1]:.6f}; step 0 differs by "
           f"{first:.2e}, the worst step by {worst:.2e}")
     out_dir = os.environ.get("REPLAY_EP_OUT")
@@ -136,7 +145,10 @@ def against_one_gpu(binary, mpiexec, preset, common, tmp, failures):
             json.dump({"preset": preset, "ep2_losses": a, "one_gpu_losses": b, "step0_diff": first,
                        "worst_diff": worst, "worst_beyond_relative": excess}, f, indent=2)
     check(first <= FIRST_STEP_TOLERANCE, f"{preset}: EP2's step 0 loss matches one GPU's ({first:.2e})", failures)
-    check(excess <= LOSS_TOLERANCE, f"{preset}: EP2's {STEPS} losses within {LOSS_TOLERANCE} + {LOSS_RELATIVE} x "
+    check(abs(tail_a - tail_b) <= TAIL_RELATIVE * abs(tail_b),
+          f"{preset}: EP2's mean of the last 5 losses within {TAIL_RELATIVE:.0%} of one GPU's "
+          f"({tail_a:.4f} against {tail_b:.4f})", failures)
+    check(excess <= LOSS_TOLERANCE, f"{preset}: EP2's first {CLOSE_STEPS} losses within {LOSS_TOLERANCE} + {LOSS_RELATIVE} x "
           f"|loss| of one GPU's (worst difference {worst:.2e})", failures)
 
 
