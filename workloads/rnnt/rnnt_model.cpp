@@ -159,11 +159,16 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   gemms_->seal();
 
   // Host staging for one batch at the largest shape, and the event that says its copy is done.
-  const size_t x_bytes = static_cast<size_t>(B * T * shape_.feature_dim) * 2;
-  REPLAY_CUDA_CHECK(cudaHostAlloc(&host_x_, x_bytes, cudaHostAllocDefault));
+  // Each staging buffer ends in a guard of kGuardBytes whose pattern every load checks: a write
+  // past the end would land in whatever the driver mapped next to it.
+  host_x_bytes_ = static_cast<size_t>(B * T * shape_.feature_dim) * 2;
+  REPLAY_CUDA_CHECK(cudaHostAlloc(&host_x_, host_x_bytes_ + kGuardBytes, cudaHostAllocDefault));
+  std::memset(static_cast<char*>(host_x_) + host_x_bytes_, kGuardByte, kGuardBytes);
   host_ints_count_ = static_cast<size_t>(B * (U + 1) + B * U + 2 * B);
   REPLAY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ints_),
-                                  host_ints_count_ * sizeof(int32_t), cudaHostAllocDefault));
+                                  host_ints_count_ * sizeof(int32_t) + kGuardBytes,
+                                  cudaHostAllocDefault));
+  std::memset(reinterpret_cast<char*>(host_ints_ + host_ints_count_), kGuardByte, kGuardBytes);
   REPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   REPLAY_CUDA_CHECK(
       cudaHostAlloc(reinterpret_cast<void**>(&host_flag_), sizeof(int32_t), cudaHostAllocDefault));
@@ -172,6 +177,18 @@ RnntModel::RnntModel(const Context& ctx, const RnntShape& shape, RnntData data)
   host_label_len_.resize(static_cast<size_t>(B));
   labels_tmp_.resize(static_cast<size_t>(B * U));
   select_shape(0);
+}
+
+void RnntModel::check_staging(const char* where) const {
+  auto intact = [](const void* p) {
+    const auto* g = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < kGuardBytes; ++i)
+      if (g[i] != kGuardByte) return false;
+    return true;
+  };
+  REPLAY_REQUIRE(intact(static_cast<const char*>(host_x_) + host_x_bytes_) &&
+                     intact(host_ints_ + host_ints_count_),
+                 std::string("RNN-T: a write past the host staging buffers (") + where + ")");
 }
 
 RnntModel::~RnntModel() {
@@ -796,6 +813,7 @@ int RnntModel::load_batch(cudaStream_t stream) {
     enc_len[b] = (frame_len_[static_cast<size_t>(b)] + 1) / 2;
     lab_len[b] = host_label_len_[static_cast<size_t>(b)];
   }
+  check_staging("load_batch");
   const size_t esize = dtype_size(shape_.dtype);
   auto h2d = [&](void* dst, const void* src, size_t bytes) {
     REPLAY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
@@ -1028,6 +1046,7 @@ void RnntModel::load_eval_batch(cudaStream_t stream) {
   data_.file->read_batch(indices_.data(), B, eval_.T, eval_.U, feature_type(shape_.dtype), ref);
   int32_t* enc_len = host_ints_;
   for (int64_t b = 0; b < B; ++b) enc_len[b] = (frame_len_[static_cast<size_t>(b)] + 1) / 2;
+  check_staging("load_eval_batch");
   REPLAY_CUDA_CHECK(cudaMemcpyAsync(
       x_, host_x_, static_cast<size_t>(B * eval_.T * shape_.feature_dim) * dtype_size(shape_.dtype),
       cudaMemcpyHostToDevice, stream));

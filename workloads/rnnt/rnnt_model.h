@@ -245,8 +245,12 @@ class RnntModel : public train::Model {
   int64_t next_batch_ = 0;
   size_t lstm_ws_bytes_ = 0, loss_ws_bytes_ = 0;
 
-  // Host staging (pinned): the batch being loaded.
+  // Host staging (pinned): the batch being loaded, each buffer followed by a guard pattern.
+  static constexpr size_t kGuardBytes = 256;
+  static constexpr unsigned char kGuardByte = 0xa5;
+  void check_staging(const char* where) const;
   void* host_x_ = nullptr;
+  size_t host_x_bytes_ = 0;
   int32_t* host_ints_ =
       nullptr;  // tokens [B, P], labels [B, U], enc lengths [B], label lengths [B]
   size_t host_ints_count_ = 0;
