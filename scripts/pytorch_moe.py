@@ -632,6 +632,7 @@ def run_train(args, cfg):
     if count != taken or lr != expected:
         raise MoeConfigError(f"device schedule disagrees with lr_at: {count:g} steps, lr {lr!r} "
                              f"(expected {taken}, {expected!r})")
+    profile = profile_step(trainer, static_tokens, load, taken - 1) if args.profile else None
     dropped = model.dropped()
     stats = step_stats(step_ms)
     seconds = stats["median"] * 1e-3
@@ -672,7 +673,45 @@ def run_train(args, cfg):
         "weights_bit_sums": weight_bit_sums(trainer.params),
         "dropped_last_step": dropped.tolist() if dropped is not None else [],
         "router_bias_abs_mean": [float(b.ffn.bias.abs().mean()) for b in model.blocks if b.moe],
+        "profile": profile,
     }
+
+
+# Kernel-name patterns of the profile's categories, tried in this order (lower case).
+PROFILE_CATEGORIES = (
+    ("attention", ("fmha", "flash", "cudnn", "attention", "sdpa")),
+    ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "grouped")),
+    ("optimizer and clipping", ("adam", "multi_tensor", "foreach", "norm_kernel")),
+    ("sort, gather, scatter, index", ("sort", "radix", "scatter", "gather", "index", "cub")),
+)
+
+
+def profile_step(trainer, static_tokens, load, batch):
+    """One more eager step (on batch `batch` again) under torch.profiler: the device time by kernel category
+    (PROFILE_CATEGORIES, the rest `elementwise and other`) and the 15 longest kernels, in ms. The
+    step trains the model (it is a step like the others), after the timed ones."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    load(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.step(static_tokens)
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+    cats = {name: 0.0 for name, _ in PROFILE_CATEGORIES}
+    cats["elementwise and other"] = 0.0
+    for name, ms in kernels.items():
+        low = name.lower()
+        cat = next((c for c, pats in PROFILE_CATEGORIES if any(p in low for p in pats)), "elementwise and other")
+        cats[cat] += ms
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    return {"step": "one eager step after the timed ones (torch.profiler, CUDA kernels)",
+            "total_ms": sum(kernels.values()), "by_category_ms": cats,
+            "top_kernels_ms": [[n[:120], ms] for n, ms in top]}
 
 
 def weight_bit_sums(params):
@@ -830,6 +869,9 @@ def build_train_parser():
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--experts-gemm", choices=("auto", "grouped", "loop"), default="auto",
                    help="auto: torch._grouped_mm where this torch has it, else a loop over experts")
+    t.add_argument("--profile", action="store_true",
+                   help="after the timed steps, one more eager step under torch.profiler: device time by "
+                        "kernel category and the longest kernels, in the JSON's `profile`")
     t.add_argument("--attention", choices=("auto", "pad"), default="auto",
                    help="auto: SDPA's default selection at d_qk 192, d_v 128 (v padded only if that is the "
                         "math backend); pad: v padded to d_qk, which flash attention takes")
@@ -853,6 +895,9 @@ def main(argv=None):
                 args.preset = "671b-ep32"
             if args.steps < 1 or args.warmup < 0 or (args.layers is not None and args.layers < 1):
                 raise MoeConfigError("--steps must be >= 1, --warmup >= 0 and --layers >= 1")
+            if args.profile and args.graphs != "none":
+                raise MoeConfigError("--profile runs one more eager step: give --graphs none (beside a "
+                                     "graph's memory pool an eager step may not fit)")
             return cmd_train(args)
         return cmd_gemms(build_gemms_parser().parse_args(argv[1:] if argv[:1] == ["gemms"] else argv))
     except MoeConfigError as e:
