@@ -213,7 +213,7 @@ bool Communicator::record(Kind k, size_t count, ncclDataType_t dtype, ncclRedOp_
   return !captured;
 }
 
-void Communicator::begin_timing(int capacity) {
+void Communicator::begin_timing(int capacity, cudaStream_t main) {
   REPLAY_REQUIRE(capacity > 0, "Communicator::begin_timing: capacity must be positive");
   while (static_cast<int>(events_.size()) < 2 * capacity) {
     cudaEvent_t e = nullptr;
@@ -222,13 +222,14 @@ void Communicator::begin_timing(int capacity) {
   }
   timed_.clear();
   timing_ = true;
+  timing_main_ = main;
 }
 
 int Communicator::time_start(bool eager, Kind k, uint64_t bytes, ncclDataType_t dtype,
                              cudaStream_t stream) {
   if (!timing_ || !eager || 2 * (timed_.size() + 1) > events_.size()) return -1;
   const int i = static_cast<int>(timed_.size());
-  timed_.push_back({k, bytes, dtype, 0.0f});
+  timed_.push_back({k, bytes, dtype, 0.0f, timing_main_ != nullptr && stream != timing_main_});
   REPLAY_CUDA_CHECK(cudaEventRecord(events_[2 * static_cast<size_t>(i)], stream));
   return i;
 }
@@ -256,9 +257,11 @@ std::vector<CollectiveTiming> summarize_timings(const std::string& comm,
                                                 const std::vector<TimedCollective>& calls,
                                                 int ranks, int steps) {
   REPLAY_REQUIRE(steps > 0 && ranks > 0, "summarize_timings: steps and ranks must be positive");
-  std::map<std::tuple<uint64_t, int, int>, std::vector<float>> groups;  // (bytes, kind, dtype)
+  // (bytes, kind, dtype, overlapped)
+  std::map<std::tuple<uint64_t, int, int, bool>, std::vector<float>> groups;
   for (const TimedCollective& c : calls)
-    groups[{c.bytes, static_cast<int>(c.kind), static_cast<int>(c.dtype)}].push_back(c.ms);
+    groups[{c.bytes, static_cast<int>(c.kind), static_cast<int>(c.dtype), c.overlapped}].push_back(
+        c.ms);
   std::vector<CollectiveTiming> out;
   for (auto& [key, ms] : groups) {
     std::sort(ms.begin(), ms.end());
@@ -269,6 +272,7 @@ std::vector<CollectiveTiming> summarize_timings(const std::string& comm,
     t.bytes = std::get<0>(key);
     t.kind = static_cast<Kind>(std::get<1>(key));
     t.dtype = static_cast<ncclDataType_t>(std::get<2>(key));
+    t.overlapped = std::get<3>(key);
     t.calls_per_step = static_cast<double>(n) / steps;
     t.median_us = median * 1e3;
     t.busbw_gbps = median > 0 ? static_cast<double>(t.bytes) / (median * 1e-3) / 1e9 *

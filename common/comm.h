@@ -81,9 +81,13 @@ struct TimedCollective {
   uint64_t bytes;  // collective_bytes (a grouped all-reduce: the sum of its buffers)
   ncclDataType_t dtype;
   float ms;
+  // Enqueued on a stream other than begin_timing's main stream: it ran beside the step's other
+  // work (a gradient bucket overlapping the backward), sharing the SMs and memory with it.
+  bool overlapped = false;
 };
 
-// The timed collectives of a communicator of `ranks`, grouped by kind, dtype and size: calls per
+// The timed collectives of a communicator of `ranks`, grouped by kind, dtype, size and whether they
+// overlapped other work: calls per
 // step (the group's calls / `steps`), the median time and the bus bandwidth at that median as
 // nccl-tests computes it (algorithm bandwidth bytes / time, x 2(n-1)/n for an all-reduce, x (n-1)/n
 // for a reduce-scatter, an all-gather or an all-to-all). Largest first.
@@ -94,7 +98,8 @@ struct CollectiveTiming {
   uint64_t bytes = 0;
   double calls_per_step = 0;
   double median_us = 0;
-  double busbw_gbps = 0;  // 1e9 bytes a second
+  double busbw_gbps = 0;    // 1e9 bytes a second
+  bool overlapped = false;  // TimedCollective::overlapped
 };
 std::vector<CollectiveTiming> summarize_timings(const std::string& comm,
                                                 const std::vector<TimedCollective>& calls,
@@ -156,8 +161,9 @@ class Communicator {
   // Timing of the eager collectives enqueued between begin_timing() and end_timing() (a step's
   // warm-up, outside any capture and any timed step): an event before and after each, at most
   // `capacity` of them (created here, before the step runs). timed() synchronizes on the events
-  // and returns what they measured; captured collectives are not timed.
-  void begin_timing(int capacity);
+  // and returns what they measured; captured collectives are not timed. `main`: the step's own
+  // stream; a collective on another stream is marked overlapped (nullptr: none is).
+  void begin_timing(int capacity, cudaStream_t main = nullptr);
   void end_timing() { timing_ = false; }
   std::vector<TimedCollective> timed() const;
 
@@ -181,6 +187,7 @@ class Communicator {
   Traffic eager_;
   bool aborted_ = false;
   bool timing_ = false;
+  cudaStream_t timing_main_ = nullptr;
   std::vector<cudaEvent_t> events_;     // begin_timing's pairs: [2i] before, [2i + 1] after call i
   std::vector<TimedCollective> timed_;  // the calls timed so far (ms filled by timed())
 };

@@ -1567,10 +1567,16 @@ def collective_bandwidth_targets(runs, probe):
                 out.append(_target(name, None, COLLECTIVE_BANDWIDTH_TARGET, MISSING, why))
                 continue
             r = c["busbw_gbps"] / ref
+            note = f"{c['busbw_gbps']:.1f} against {ref:.1f} GB/s, {c['median_us']:.1f} us median in the warm-up"
+            if c.get("overlapped"):
+                # Beside the backward on a side stream its time is shared with the GEMMs: not the
+                # collective's own bandwidth, so not judged; what overlap buys shows in the step time.
+                out.append(_target(name, r, COLLECTIVE_BANDWIDTH_TARGET, INFO,
+                                   note + "; overlapped with the backward on a side stream (sharing the SMs and "
+                                   "memory with it): not judged, see the overlapped buckets' step against one bucket"))
+                continue
             out.append(_target(name, r, COLLECTIVE_BANDWIDTH_TARGET,
-                               PASS if r >= COLLECTIVE_BANDWIDTH_TARGET else FAIL,
-                               f"{c['busbw_gbps']:.1f} against {ref:.1f} GB/s, {c['median_us']:.1f} us median "
-                               f"in the warm-up"))
+                               PASS if r >= COLLECTIVE_BANDWIDTH_TARGET else FAIL, note))
     if not out:
         out.append(_target("collectives' bus bandwidth / the probe's at the same size", None,
                            COLLECTIVE_BANDWIDTH_TARGET, MISSING,
@@ -1603,6 +1609,11 @@ def multi_gpu_targets(runs, probe=None):
         base = lay.replace("sp", "")
         out.append(ratio(f"{lay} full step / PyTorch {base} graphed", rep.get((lay, "full")),
                          pt.get((base, "full")), MULTI_GPU_PYTORCH_TARGET, "PyTorch graphed"))
+    for lay in layouts:  # overlapping the buckets with the backward must pay
+        one = rep.get((lay + "_onebucket", "full"))
+        if lay.startswith("dp") and "onebucket" not in lay and one is not None and rep.get((lay, "full")):
+            out.append(ratio(f"{lay} full step, buckets overlapped / one bucket after the backward",
+                             rep.get((lay, "full")), one, 1.0, "one-bucket"))
     for lay in layouts:
         for mode in ("layer", "full"):
             a, e = rep.get((lay, mode)), rep.get((lay, "none"))

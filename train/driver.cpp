@@ -374,10 +374,10 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
     if (c.bytes >= (1 << 20))  // the bandwidth-bound ones
       std::fprintf(out,
                    "#   %s %s %s %.1f MiB x %.3g a step: %.1f us median in the warm-up, %.1f GB/s "
-                   "bus bandwidth\n",
+                   "bus bandwidth%s\n",
                    c.comm.c_str(), comm::kind_name(c.kind), comm::dtype_name(c.dtype),
                    static_cast<double>(c.bytes) / double(1 << 20), c.calls_per_step, c.median_us,
-                   c.busbw_gbps);
+                   c.busbw_gbps, c.overlapped ? " (overlapped with the step's other work)" : "");
   if (graphed) {
     std::fputs(trainer.step_plan().describe().c_str(), out);
     if (trainer.eval_plan()) std::fputs(trainer.eval_plan()->describe().c_str(), out);
@@ -554,7 +554,7 @@ RunResult run(Workload& w, const RunFlags& f, std::FILE* out, const RunOptions& 
   for (const comm::CollectiveTiming& c : trainer.collective_timings())
     rep.collectives.push_back({c.comm, comm::kind_name(c.kind), comm::dtype_name(c.dtype),
                                static_cast<int64_t>(c.bytes), c.calls_per_step, c.median_us,
-                               c.busbw_gbps});
+                               c.busbw_gbps, c.overlapped});
   rep.tensor_parallel = tp;
   rep.rank_step_ms = comm::all_gather_doubles(world, rep.step_ms.median);
   if (const auto& t = trainer.step_traffic()) {

@@ -408,7 +408,7 @@ void Trainer::prepare() {
   // step's collectives reach, with the step's other work around them.
   comm::Communicator* comms[] = {options_.data_parallel, options_.tensor_parallel};
   for (comm::Communicator* c : comms)
-    if (c != nullptr) c->begin_timing(kTimedCollectives);
+    if (c != nullptr) c->begin_timing(kTimedCollectives, ctx_.stream());
   step_plan_->prepare(ctx_.stream());
   for (comm::Communicator* c : comms)
     if (c != nullptr) c->end_timing();

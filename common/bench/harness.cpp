@@ -306,7 +306,8 @@ nlohmann::ordered_json to_json(const WorkloadReport& r) {
                            {"bytes", c.bytes},
                            {"calls_per_step", c.calls_per_step},
                            {"median_us", c.median_us},
-                           {"busbw_gbps", c.busbw_gbps}});
+                           {"busbw_gbps", c.busbw_gbps},
+                           {"overlapped", c.overlapped}});
   j["parallel"]["collectives"] = collectives;
   return j;
 }

@@ -168,6 +168,7 @@ struct WorkloadReport {
     std::string comm, collective, dtype;
     int64_t bytes = 0;
     double calls_per_step = 0, median_us = 0, busbw_gbps = 0;
+    bool overlapped = false;  // on a side stream beside the step's other work
   };
   std::vector<CollectiveStat> collectives;
   int64_t collectives_per_step = -1;

@@ -33,7 +33,7 @@ TEST(CollectiveTimings, GroupedByKindDtypeAndSizeWithTheMedian) {
   std::vector<TimedCollective> calls;
   // Two warm-up steps: 3 big all-reduces a step (one slow first call), 1 small all-gather.
   for (const float ms : {5.0f, 0.2f, 0.2f, 0.25f, 0.2f, 0.2f})
-    calls.push_back({Kind::kAllReduce, big, ncclBfloat16, ms});
+    calls.push_back({Kind::kAllReduce, big, ncclBfloat16, ms, false});
   calls.push_back({Kind::kAllGather, small, ncclFloat32, 0.012f});
   calls.push_back({Kind::kAllGather, small, ncclFloat32, 0.010f});
   // The same size in another dtype is another collective.
@@ -54,6 +54,20 @@ TEST(CollectiveTimings, GroupedByKindDtypeAndSizeWithTheMedian) {
   EXPECT_NEAR(ar->busbw_gbps, static_cast<double>(big) / 200e-6 / 1e9, 1e-3);
   EXPECT_NEAR(t[2].median_us, 11.0, 1e-3);  // an even count: the mean of the middle two
   EXPECT_NEAR(t[2].busbw_gbps, static_cast<double>(small) / 11e-6 / 1e9 * 0.5, 1e-3);
+  // The same collective on a side stream beside other work is grouped apart.
+  calls.push_back({Kind::kAllGather, small, ncclFloat32, 0.030f, true});
+  calls.push_back({Kind::kAllGather, small, ncclFloat32, 0.050f, true});
+  const std::vector<CollectiveTiming> o = summarize_timings("tensor-parallel", calls, 2, 2);
+  ASSERT_EQ(o.size(), 4u);
+  int overlapped = 0;
+  for (const CollectiveTiming& x : o)
+    if (x.overlapped) {
+      ++overlapped;
+      EXPECT_EQ(x.kind, Kind::kAllGather);
+      EXPECT_NEAR(x.median_us, 40.0, 1e-3);
+      EXPECT_DOUBLE_EQ(x.calls_per_step, 1.0);
+    }
+  EXPECT_EQ(overlapped, 1);
   EXPECT_THROW(summarize_timings("x", calls, 2, 0), Error);
   EXPECT_TRUE(summarize_timings("x", {}, 2, 1).empty());
 }

@@ -1150,7 +1150,9 @@ class MultiGpuReport(TempDirCase):
             {"comm": "tensor-parallel", "collective": "reduce_scatter", "dtype": "bf16", "bytes": 24 << 20,
              "calls_per_step": 1, "median_us": 100.0, "busbw_gbps": 125.8},
             {"comm": "tensor-parallel", "collective": "all_gather", "dtype": "f32", "bytes": 48 << 10,
-             "calls_per_step": 1, "median_us": 12.0, "busbw_gbps": 2.0}]  # latency-bound: not judged
+             "calls_per_step": 1, "median_us": 12.0, "busbw_gbps": 2.0},  # latency-bound: not judged
+            {"comm": "data-parallel", "collective": "all_reduce", "dtype": "bf16", "bytes": 48 << 20,
+             "calls_per_step": 1, "median_us": 500.0, "busbw_gbps": 100.0, "overlapped": True}]
         self.write("replay_gpt3_175b_tp2_full.json", doc)
         os.makedirs(os.path.join(self.dir, "comm"))
         probe = {"tool": "replay-comm-probe", "results": [
@@ -1167,6 +1169,20 @@ class MultiGpuReport(TempDirCase):
         self.assertEqual(row[3], "missing")
         self.assertIn("did not run this collective", row[4])
         self.assertNotIn("48 KiB", md)
+        row = table_row(md, "tp2: data-parallel all_reduce bf16 48 MiB, bus bandwidth / the probe's")
+        self.assertEqual(row[1], "0.382")
+        self.assertEqual(row[3], report.INFO)  # overlapped with the backward: not judged
+        self.assertIn("overlapped with the backward", row[4])
+
+    def test_overlapped_buckets_must_beat_one_bucket(self):
+        self.write_runs()
+        md = self.summary()
+        self.assertEqual(table_row(md, "dp2 full step, buckets overlapped / one bucket after the backward")[1:4],
+                         ["0.922", "<= 1.00", "pass"])
+        self.write("replay_gpt3_175b-tp4_dp2_full.json",
+                   self.run_doc("replay", "full", 52.0, dp=2, loss_hash="cc", buckets=10, peak=19e9))
+        md = self.summary()
+        self.assertEqual(table_row(md, "dp2 full step, buckets overlapped / one bucket after the backward")[3], "FAIL")
 
     def test_llama_layouts_are_kept_apart_from_gpt3s(self):
         self.write_runs()
