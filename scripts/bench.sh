@@ -88,6 +88,10 @@ write_reports() {
     python3 scripts/report.py comm --json "$out/multi_gpu/comm/probe_sweep.json" --out "$out/multi_gpu/comm" \
       && { echo; cat "$out/multi_gpu/comm/comm_summary.md"; } >>"$out/summary.md"
   fi
+  if ls "$out"/moe/pytorch_moe_671b-ep32_*.json >/dev/null 2>&1; then  # replay's shard against PyTorch's
+    python3 scripts/report.py workloads --dir "$out/moe" --out "$out/moe" \
+      && { echo; cat "$out/moe/workloads_summary.md"; } >>"$out/summary.md"
+  fi
   local dir title
   for dir in unet moe rnnt multi_gpu; do
     case $dir in
@@ -302,6 +306,15 @@ if want moe && [ -x "$bin/replay-moe" ]; then
   [ -x "$bin/replay-moe-parts" ] && run moe/replay_moe_parts bash -c \
     "'$bin/replay-moe-parts' --preset 671b-ep32 --seed 1234 | tail -n 1 > '$out/moe/replay_moe_parts.json'"
   [ "$have_torch" = 1 ] && run moe/pytorch_moe python3 scripts/pytorch_moe.py --json "$out/moe/pytorch_moe_gemms.json"
+  # The whole shard in PyTorch (scripts/pytorch_moe.py train): as many MoE blocks as replay fitted,
+  # eager and as one graph of the whole step with static expert capacity.
+  if [ "$have_torch" = 1 ] && [ -f "$out/moe/replay_moe_671b-ep32_full.json" ]; then
+    for mode in none full; do
+      PYTHONUNBUFFERED=1 run "moe/pytorch_moe_671b-ep32_$mode" python3 scripts/pytorch_baseline.py moe --replay-bin "$bin" \
+        --layers-from "$out/moe/replay_moe_671b-ep32_full.json" --fit --graphs "$mode" --steps "$moe_steps" \
+        --json "$out/moe/pytorch_moe_671b-ep32_$mode.json"
+    done
+  fi
 fi
 
 # RNN-T at NVIDIA's 192 utterances per GPU: the ladder in three modes (none at each batch's own
