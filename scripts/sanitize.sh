@@ -6,6 +6,7 @@
 #                       [--workloads "gpt3 llama31 moe unet rnnt"] [--modes "none layer full"]
 #                       [--steps N] [--warmup N] [--jobs N] [--timeout S] [--deadline S]
 #                       [--scope replay|all] [--sanitizer PATH] [--sanitizer-args "ARGS"]
+#                       [--tests "test_pointwise_gpu ..."] [--tests-dir DIR]
 #
 # Each run is `compute-sanitizer --tool T [--leak-check full] --kernel-name kns=6replay
 # replay-W --preset tiny --graphs M --steps 2 --warmup 1 --seed 1 --skip-peak`: memcheck checks leaks
@@ -15,6 +16,12 @@
 # summary then lists library findings by kernel). --skip-peak leaves out the start-up bf16 GEMM peak
 # measurement (cuBLASLt, 8192^3), which under racecheck alone took minutes. API errors and leaks are
 # reported whatever the filter, and given to replay or a library by their saved host backtrace.
+#
+# --tests adds GPU unit tests (binaries in --tests-dir, default the build's tests/ beside --bin) as
+# runs of their own, mode "test", under each tool with the same filter: the hand-written kernels
+# checked alone against their CPU references, without the libraries around them (where a tool
+# cannot get through a workload's library kernels, racecheck on Hopper for one). `--workloads ""`
+# runs only the tests.
 #
 # Writes DIR/<tool>_<workload>_<mode>.log (compute-sanitizer's report and the program's output) and
 # .meta (exit code, seconds), DIR/not_run.txt (runs --deadline left out), and DIR/summary.json and
@@ -36,8 +43,10 @@ deadline=0
 scope=replay
 sanitizer=""
 extra=""
+tests=""
+tests_dir=""
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -53,19 +62,18 @@ while [ $# -gt 0 ]; do
     --scope) scope=$2; shift 2 ;;
     --sanitizer) sanitizer=$2; shift 2 ;;
     --sanitizer-args) extra=$2; shift 2 ;;  # more compute-sanitizer options, for every run
+    --tests) tests=$2; shift 2 ;;
+    --tests-dir) tests_dir=$2; shift 2 ;;
     --one) shift; break ;;  # internal: one run (xargs calls the script back)
     -h|--help) usage; exit 0 ;;
     *) echo "sanitize.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
 
-# One run: --one TOOL WORKLOAD MODE, with the settings in the environment.
+# One run: --one TOOL WORKLOAD MODE INDEX, with the settings in the environment (mode "test": WORKLOAD
+# is a unit test's binary).
 if [ "${SANITIZE_ONE:-}" = 1 ]; then
-  tool=$1 wl=$2 mode=$3
-  # The run's own number, the same in every invocation (two sanitize.sh may run at once).
-  pos() { local i=0 x; for x in $2; do [ "$x" = "$1" ] && { echo $i; return; }; i=$((i + 1)); done; echo $i; }
-  index=$(( $(pos "$tool" "memcheck initcheck synccheck racecheck") * 30 + \
-            $(pos "$wl" "gpt3 llama31 moe unet rnnt") * 3 + $(pos "$mode" "none layer full") ))
+  tool=$1 wl=$2 mode=$3 index=$4  # INDEX: the run's own number, for its port
   base="$SANITIZE_OUT/${tool}_${wl}_${mode}"
   if [ "$SANITIZE_END" -gt 0 ] && [ "$(date +%s)" -ge "$SANITIZE_END" ]; then
     echo "$tool $wl $mode (the deadline passed before it started)" >> "$SANITIZE_OUT/not_run.txt"
@@ -83,12 +91,15 @@ if [ "${SANITIZE_ONE:-}" = 1 ]; then
     [ "$left" -lt "$limit" ] && limit=$left
   fi
   t0=$(date +%s%N)
+  if [ "$mode" = test ]; then
+    cmd=("$SANITIZE_TESTS_DIR/$wl")
+  else
+    cmd=("$SANITIZE_BIN/replay-$wl" --preset tiny --graphs "$mode" --steps "$SANITIZE_STEPS"
+         --warmup "$SANITIZE_WARMUP" --seed 1 --skip-peak --log-interval 1)
+  fi
   {
-    echo "# $SANITIZE_TOOL ${args[*]} $SANITIZE_BIN/replay-$wl --preset tiny --graphs $mode" \
-         "--steps $SANITIZE_STEPS --warmup $SANITIZE_WARMUP --seed 1 --skip-peak"
-    timeout -k 10 "$limit" "$SANITIZE_TOOL" "${args[@]}" "$SANITIZE_BIN/replay-$wl" --preset tiny \
-      --graphs "$mode" --steps "$SANITIZE_STEPS" --warmup "$SANITIZE_WARMUP" --seed 1 --skip-peak \
-      --log-interval 1 2>&1
+    echo "# $SANITIZE_TOOL ${args[*]} ${cmd[*]}"
+    timeout -k 10 "$limit" "$SANITIZE_TOOL" "${args[@]}" "${cmd[@]}" 2>&1
   } > "$base.log"
   rc=$?
   secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
@@ -118,6 +129,11 @@ fi
 for w in $workloads; do
   [ -x "$bin/replay-$w" ] || { echo "sanitize.sh: $bin/replay-$w not found (build it, or --bin)" >&2; exit 2; }
 done
+[ -n "$tests_dir" ] || tests_dir=$bin/../tests
+for t in $tests; do
+  [ -x "$tests_dir/$t" ] || { echo "sanitize.sh: test $tests_dir/$t not found (build it, or --tests-dir)" >&2; exit 2; }
+done
+[ -n "$workloads$tests" ] || { echo "sanitize.sh: nothing to run (--workloads and --tests both empty)" >&2; exit 2; }
 [ -n "$out" ] || out=reports/sanitize-$(date -u +%Y-%m-%d)
 mkdir -p "$out"
 rm -f "$out"/*.log "$out"/*.meta "$out/not_run.txt"
@@ -126,6 +142,8 @@ out=$(cd "$out" && pwd)
 export SANITIZE_ONE=1 SANITIZE_OUT=$out SANITIZE_BIN=$(cd "$bin" && pwd) SANITIZE_TOOL=$sanitizer
 export SANITIZE_STEPS=$steps SANITIZE_WARMUP=$warmup SANITIZE_TIMEOUT=$timeout_s SANITIZE_SCOPE=$scope
 export SANITIZE_EXTRA=$extra
+[ -z "$tests" ] || SANITIZE_TESTS_DIR=$(cd "$tests_dir" && pwd)
+export SANITIZE_TESTS_DIR
 export SANITIZE_END=$(( deadline > 0 ? $(date +%s) + deadline : 0 ))
 # Generated data (each workload's default) in one place, made once before the parallel runs.
 export REPLAY_DATA_DIR=${REPLAY_DATA_DIR:-$out/data}
@@ -138,7 +156,10 @@ for w in $workloads; do
 done
 wait
 
-# Every tool x workload x mode, the tools in the order given (memcheck and initcheck first by default).
-for t in $tools; do for w in $workloads; do for m in $modes; do echo "$t $w $m"; done; done; done |
-  xargs -P "$jobs" -L 1 bash "$0" --one
+# Every tool x workload x mode, then every tool x test, the tools in the order given (memcheck and
+# initcheck first by default); each line numbered (its port).
+{
+  for t in $tools; do for w in $workloads; do for m in $modes; do echo "$t $w $m"; done; done; done
+  for t in $tools; do for x in $tests; do echo "$t $x test"; done; done
+} | awk '{ print $0, NR }' | xargs -P "$jobs" -L 1 bash "$0" --one
 python3 scripts/sanitize_summary.py "$out"

@@ -140,7 +140,7 @@ exit 0
 
 
 class ScriptTest(unittest.TestCase):
-    def run_script(self, tmp, fail_llama=False, tools="memcheck racecheck"):
+    def run_script(self, tmp, fail_llama=False, tools="memcheck racecheck", workloads="gpt3 llama31", tests=None):
         bindir = os.path.join(tmp, "bin")
         os.makedirs(bindir, exist_ok=True)
         for name in ("gpt3", "llama31"):
@@ -154,9 +154,19 @@ class ScriptTest(unittest.TestCase):
             f.write(FAKE_SANITIZER)
         os.chmod(san, 0o755)
         out = os.path.join(tmp, "out")
+        extra = []
+        if tests:
+            testdir = os.path.join(tmp, "tests")  # the default: the build's tests/ beside bin/
+            os.makedirs(testdir, exist_ok=True)
+            for name in tests.split():
+                path = os.path.join(testdir, name)
+                with open(path, "w") as f:
+                    f.write(f'#!/usr/bin/env bash\necho "[  PASSED  ] {name} $*"\nexit 0\n')
+                os.chmod(path, 0o755)
+            extra = ["--tests", tests]
         p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitize.sh"), "--out", out, "--bin", bindir,
-                            "--sanitizer", san, "--tools", tools, "--workloads", "gpt3 llama31",
-                            "--jobs", "4", "--timeout", "60", "--sanitizer-args", "--check-bulk-copy no"],
+                            "--sanitizer", san, "--tools", tools, "--workloads", workloads,
+                            "--jobs", "4", "--timeout", "60", "--sanitizer-args", "--check-bulk-copy no", *extra],
                            capture_output=True, text=True, timeout=120)
         with open(os.path.join(out, "summary.json")) as f:
             return p, out, json.load(f)
@@ -190,6 +200,31 @@ class ScriptTest(unittest.TestCase):
             self.assertEqual(s["incomplete"], ["memcheck_llama31_full.log"])
             run = [r for r in s["runs"] if r["log"] == "memcheck_llama31_full.log"][0]
             self.assertEqual((run["status"], run["exit_code"]), ("program failed", 1))
+
+    def test_unit_tests_run_under_each_tool_with_the_filter(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            p, out, s = self.run_script(tmp, tools="memcheck racecheck", workloads="",
+                                        tests="test_pointwise_gpu test_group_norm_gpu")
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual(sorted((r["tool"], r["workload"], r["mode"]) for r in s["runs"]),
+                             [(t, x, "test") for t in ("memcheck", "racecheck")
+                              for x in ("test_group_norm_gpu", "test_pointwise_gpu")])
+            with open(os.path.join(out, "racecheck_test_pointwise_gpu_test.log")) as f:
+                log = f.read()
+            self.assertIn("--kernel-name kns=6replay", log)
+            self.assertIn("[  PASSED  ] test_pointwise_gpu", log)
+            self.assertNotIn("--preset", log)
+            ports = set()
+            for r in s["runs"]:
+                with open(os.path.join(out, r["log"])) as f:
+                    ports.add(f.read().split("--port ")[1].split()[0])
+            self.assertEqual(len(ports), 4)  # each run its own port
+        with tempfile.TemporaryDirectory() as tmp:
+            p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitize.sh"), "--bin", tmp,
+                                "--sanitizer", "/bin/true", "--workloads", "", "--tests", "test_missing_gpu"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("test_missing_gpu not found", p.stderr)
 
     def test_bad_options_are_refused(self):
         for args, msg in ((["--tools", "helgrind"], "unknown tool 'helgrind'"),
