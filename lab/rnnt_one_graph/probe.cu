@@ -155,6 +155,8 @@ struct Pieces {
   }
   // The state starts at zero for every launch; the loop's test counts down from iters.
   void init_loop(cudaStream_t s, int32_t iters) const {
+    // The input as well as the state: the body feeds each step's output back as the next input.
+    REPLAY_CUDA_CHECK(cudaMemsetAsync(sx.p, 0, static_cast<size_t>(B * Hp) * 2, s));
     REPLAY_CUDA_CHECK(cudaMemsetAsync(sh.p, 0, static_cast<size_t>(2 * B * Hp) * 2, s));
     REPLAY_CUDA_CHECK(cudaMemsetAsync(sc.p, 0, static_cast<size_t>(2 * B * Hp) * 2, s));
     reset_kernel<<<1, 1, 0, s>>>(ints.as<int32_t>(), ints.as<int32_t>() + 1, iters);

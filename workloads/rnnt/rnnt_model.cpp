@@ -851,9 +851,13 @@ std::optional<train::EvalInfo> RnntModel::evaluation() const {
   // Whole batches of the held-out split (the last one's empty slots count as samples).
   e.default_samples = eval_batches_ * shape_.batch;
   e.available_samples = eval_batches_ * shape_.batch;
-  // The encoder and the WHILE-node decoder as two graphs in full mode unless --eval-graph one:
-  // captured into one graph they aborted the process during set-up on an H100 (CUDA 13.0, cuDNN
-  // 9.14; a glibc mutex assertion; lab/rnnt_one_graph probes it), where two graphs run correctly.
+  // The encoder and the WHILE-node decoder as one graph in full mode (--eval-graph, the default):
+  // this needs the decoder's LSTM on a cuDNN handle of its own (decode_own_handle). On the
+  // encoder's handle, cuDNN's RNN forward joins streams of that handle to the evaluation graph's
+  // capture, and its one-step call in the WHILE body then waits on them from the body's capture
+  // (cudaErrorStreamCaptureMerge, which invalidates it); ending the captures then crashed the
+  // driver on an H100 (free(): invalid pointer, a glibc mutex assertion, or a hang;
+  // lab/rnnt_one_graph).
   e.one_graph_in_full = data_.eval_one_graph;
   return e;
 }
@@ -956,8 +960,14 @@ void RnntModel::eval_decode(cudaStream_t s) {
       if (*host_flag_ == 0) break;
     }
   } else {
-    cond_->while_nonzero(s, "rnnt.greedy_decode", dec_.flag,
-                         [this](cudaStream_t body) { decode_step(body); });
+    // The body holds while_unroll steps: each iteration also runs the condition kernel and
+    // relaunches the body on the device, about 5 us on an H100 (lab/rnnt_one_graph's timing)
+    // against some 80 us of work in a step at mlperf-b192, so a body of one step made the WHILE
+    // node 1% slower than NVIDIA's 4-step graph; up to while_unroll - 1 steps after the last
+    // utterance finishes change nothing.
+    cond_->while_nonzero(s, "rnnt.greedy_decode", dec_.flag, [this](cudaStream_t body) {
+      for (int k = 0; k < data_.while_unroll; ++k) decode_step(body);
+    });
   }
   decode_store(static_cast<int32_t*>(eval_tokens_), static_cast<int32_t*>(eval_lens_),
                static_cast<int32_t*>(eval_counter_), eval_batches_, dec_, ds, s);

@@ -125,6 +125,9 @@ struct RnntData {
   // the one the encoder's LSTMs use (lab/rnnt_one_graph tests whether sharing one handle is what
   // breaks one evaluation graph).
   bool decode_own_handle = true;
+  // Decode steps in one iteration of the WHILE node's body (the condition is tested after them;
+  // steps after every utterance is done change nothing).
+  int while_unroll = 4;
   std::shared_ptr<RnntEvalLog> eval_log;  // written by every evaluation; may be null
 };
 

@@ -64,14 +64,18 @@ void RnntWorkload::add_flags(CLI::App& app) {
                  "--graphs none only")
       ->check(CLI::IsMember({"while", "host", "unrolled"}));
   app.add_option("--eval-graph", eval_graph_flag_,
-                 "with --graphs full: the evaluation as two graphs (encoder, then the WHILE-node "
-                 "decoder; the default) or one (both in one graph: aborted on an H100 with CUDA "
-                 "13.0 and cuDNN 9.14, see lab/rnnt_one_graph)")
+                 "the evaluation in full mode as one graph (the encoder and the WHILE-node "
+                 "decoder: the default with --graphs full) or two (encoder, then decoder)")
       ->check(CLI::IsMember({"one", "two"}));
   app.add_option("--decode-handle", decode_handle_flag_,
                  "the decoder's one-step prediction LSTM on a cuDNN handle of its own (own, the "
-                 "default) or on the encoder's (shared): a probe of the one-graph evaluation")
+                 "default) or on the encoder's (shared: the encoder's cuDNN streams then merge "
+                 "two captures, so one evaluation graph is refused; lab/rnnt_one_graph)")
       ->check(CLI::IsMember({"own", "shared"}));
+  app.add_option("--while-unroll", while_unroll_flag_,
+                 "decode steps in one iteration of the WHILE node's body (the condition is "
+                 "tested after them)")
+      ->check(train::integer_in(1, 16));
   app.add_option("--optimizer", optimizer_flag_,
                  "lamb (MLPerf's: eps 1e-9, weight decay 1e-3; the mlperf-b192 default) or adamw "
                  "(the same eps and decay; the tiny default)")
@@ -114,6 +118,20 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
   if (eval_graph_flag_ == "one" && (flags.graphs != "full" || decoder_flag_ != "while"))
     throw bench::UsageError(
         "--eval-graph one: one evaluation graph needs --graphs full and --decoder while");
+  // One evaluation graph in full mode unless asked otherwise: with the decoder's LSTM on the
+  // encoder's cuDNN handle, the encoder's cuDNN streams merge the outer capture into the WHILE
+  // body's (cudaErrorStreamCaptureMerge), and ending the captures then crashed or hung the driver
+  // on an H100 (lab/rnnt_one_graph), so that pairing is refused.
+  eval_graph_ =
+      !eval_graph_flag_.empty() ? eval_graph_flag_
+      : (flags.graphs == "full" && decoder_flag_ == "while" && decode_handle_flag_ == "own")
+          ? "one"
+          : "two";
+  if (eval_graph_ == "one" && decode_handle_flag_ == "shared")
+    throw bench::UsageError(
+        "--eval-graph one with --decode-handle shared: the encoder's cuDNN streams would merge "
+        "the evaluation graph's capture into the WHILE body's, which aborts or hangs the CUDA "
+        "driver (lab/rnnt_one_graph); use --decode-handle own or --eval-graph two");
   steps_ = flags.steps;
   seed_ = flags.seed;
   steps_per_epoch_ = std::max<int64_t>(
@@ -146,8 +164,9 @@ nlohmann::ordered_json RnntWorkload::config() const {
   j["pad"] = exact_ ? "exact" : "ladder";
   j["ladder_rungs_asked"] = ladder_flag_;
   j["decoder"] = decoder_flag_;
-  j["eval_graph"] = eval_graph_flag_;
+  j["eval_graph"] = eval_graph_;
   j["decode_handle"] = decode_handle_flag_;
+  j["while_unroll"] = while_unroll_flag_;
   j["optimizer"] = lamb_ ? "lamb" : "adamw";
   if (params_count_ > 0) j["parameters"] = params_count_;
   if (!batching_.shapes.empty()) {
@@ -307,8 +326,9 @@ std::unique_ptr<train::Model> RnntWorkload::build(Context& ctx, const train::Tra
   data.decoder = decoder_flag_ == "host"       ? DecoderKind::kHost
                  : decoder_flag_ == "unrolled" ? DecoderKind::kUnrolled
                                                : DecoderKind::kWhile;
-  data.eval_one_graph = eval_graph_flag_ == "one";
+  data.eval_one_graph = eval_graph_ == "one";
   data.decode_own_handle = decode_handle_flag_ == "own";
+  data.while_unroll = while_unroll_flag_;
   data.eval_log = eval_log_;
   auto model = std::make_unique<RnntModel>(ctx, shape_, std::move(data));
   params_count_ = model->total_params();

@@ -59,12 +59,14 @@ class RnntWorkload : public train::Workload {
   std::string precision_flag_ = "fp16";
   int batch_flag_ = 0;
   std::string decoder_flag_ = "while";
-  std::string eval_graph_flag_ = "two";
+  std::string eval_graph_flag_;  // "", "one", "two": empty is one in full mode, else two
   std::string decode_handle_flag_ = "own";
+  int while_unroll_flag_ = 4;
   std::string optimizer_flag_;
   double ema_flag_ = -1;  // < 0: the preset's  // "", "lamb", "adamw": empty is the preset's
   // Resolved.
   std::string preset_;
+  std::string eval_graph_ = "two";  // resolved
   RnntShape shape_;
   DType dtype_ = DType::kFP16;
   bool exact_ = false;

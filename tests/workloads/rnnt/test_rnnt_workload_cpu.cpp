@@ -72,17 +72,30 @@ TEST_F(RnntWorkloadCpu, PresetsResolveAndBadFlagsAreRefused) {
     resolved(w, {"--preset", "tiny", "--graphs", "full", "--eval-graph", "one", "--seed", "1"});
     EXPECT_EQ(w.config()["eval_graph"], "one");
   }
+  {
+    RnntWorkload w;  // one evaluation graph is full mode's default
+    resolved(w, {"--preset", "tiny", "--graphs", "full", "--seed", "1"});
+    EXPECT_EQ(w.config()["eval_graph"], "one");
+  }
+  {
+    RnntWorkload w;  // but not with the encoder's handle
+    resolved(w, {"--preset", "tiny", "--graphs", "full", "--decode-handle", "shared"});
+    EXPECT_EQ(w.config()["eval_graph"], "two");
+  }
   // A workload parses its flags once (its options keep their values), so one each.
-  const std::vector<std::vector<std::string>> bad = {{"--graphs", "full", "--decoder", "host"},
-                                                     {"--graphs", "layer", "--decoder", "unrolled"},
-                                                     {"--pad", "sideways"},
-                                                     {"--ladder", "0"},
-                                                     {"--precision", "fp8"},
-                                                     {"--decoder", "beam"},
-                                                     {"--graphs", "layer", "--eval-graph", "one"},
-                                                     {"--graphs", "none", "--eval-graph", "one"},
-                                                     {"--eval-graph", "three"},
-                                                     {"--decode-handle", "borrowed"}};
+  const std::vector<std::vector<std::string>> bad = {
+      {"--graphs", "full", "--decoder", "host"},
+      {"--graphs", "layer", "--decoder", "unrolled"},
+      {"--pad", "sideways"},
+      {"--ladder", "0"},
+      {"--precision", "fp8"},
+      {"--decoder", "beam"},
+      {"--graphs", "layer", "--eval-graph", "one"},
+      {"--graphs", "none", "--eval-graph", "one"},
+      {"--eval-graph", "three"},
+      {"--decode-handle", "borrowed"},
+      {"--while-unroll", "0"},
+      {"--graphs", "full", "--eval-graph", "one", "--decode-handle", "shared"}};
   for (const auto& args : bad) {
     RnntWorkload fresh;
     EXPECT_THROW(resolved(fresh, args), bench::UsageError) << args[0] << " " << args[1];
