@@ -1264,7 +1264,7 @@ def _runs_row(name, doc):
 
 # RNN-T's greedy decoders (issue 29): the WHILE node at least 2.5x the eager host loop and faster than
 # NVIDIA's unrolled graph, on the same evaluation batches.
-RNNT_EVAL_KEYS = ("decoder", "last_eval")
+RNNT_EVAL_KEYS = ("decoder", "last_eval", "while_unroll", "decode_handle")
 RNNT_WHILE_OVER_HOST_TARGET = 2.5
 
 
