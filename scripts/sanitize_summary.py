@@ -12,7 +12,8 @@ replay or to a library:
   runtime or driver entry point; a frame in libcudnn, libcublas, libnccl ... is the library's;
 - an "Internal Sanitizer Error" (the tool failed, e.g. on a hardware exception) to "sanitizer".
 
-A run is complete when compute-sanitizer printed its ERROR SUMMARY and the program exited 0. Exit
+A run is complete when compute-sanitizer printed its ERROR SUMMARY (racecheck: its RACECHECK SUMMARY)
+and the program exited 0. Exit
 status: 1 when any finding is replay's, else 2 when a run did not complete, else 0.
 
   scripts/sanitize_summary.py OUT_DIR
@@ -128,6 +129,9 @@ def parse_log(text):
     errors = int(m.group(1).replace(",", "")) if m else None
     r = re.search(PREFIX + r" RACECHECK SUMMARY: (.*)", text)
     leak = re.search(PREFIX + r" LEAK SUMMARY: (.*)", text)
+    if errors is None and r:  # racecheck ends with its own summary line instead of ERROR SUMMARY
+        n = re.search(r"\(([\d,]+) errors?", r.group(1))
+        errors = int(n.group(1).replace(",", "")) if n else None
     out = {"error_summary": errors, "replay": [], "library": []}
     if r:
         out["racecheck_summary"] = r.group(1).strip()
@@ -169,6 +173,8 @@ def read_run(path):
         run["program_error"] = m.group(1)[:400]
     if rc == 124 or rc == 137:
         run["status"] = "timeout"
+    elif any(e.get("owner") == "sanitizer" for e in run["library"]):
+        run["status"] = "sanitizer failed"  # the tool itself (an internal error): nothing after it was checked
     elif run["error_summary"] is None:
         run["status"] = "incomplete"  # no ERROR SUMMARY: the sanitizer did not finish
     elif program_failed:

@@ -99,8 +99,20 @@ class ParseTest(unittest.TestCase):
             with open(os.path.join(tmp, "racecheck_gpt3_none.meta"), "w") as f:
                 f.write("tool=racecheck\nworkload=gpt3\nmode=none\nrc=1\nseconds=6.0\n")
             run = ss.read_run(os.path.join(tmp, "racecheck_gpt3_none.log"))
-            self.assertEqual(run["status"], "incomplete")  # no ERROR SUMMARY
+            self.assertEqual(run["status"], "sanitizer failed")  # the tool's own error, not the program's
             self.assertTrue(run["program_error"].startswith("replay-gpt3: region 'layer0.fwd': cuDNN"))
+
+    def test_racecheck_ends_with_its_own_summary(self):
+        text = ("========= COMPUTE-SANITIZER\n[  PASSED  ] 2 tests.\n"
+                "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+        r = ss.parse_log(text)
+        self.assertEqual((r["error_summary"], r["replay"], r["library"]), (0, [], []))
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "racecheck_test_rng_gpu_test.log"), "w") as f:
+                f.write(text)
+            with open(os.path.join(tmp, "racecheck_test_rng_gpu_test.meta"), "w") as f:
+                f.write("tool=racecheck\nworkload=test_rng_gpu\nmode=test\nrc=0\nseconds=8.0\n")
+            self.assertEqual(ss.read_run(os.path.join(tmp, "racecheck_test_rng_gpu_test.log"))["status"], "complete")
 
     def test_a_clean_log_has_no_findings(self):
         r = ss.parse_log("========= COMPUTE-SANITIZER\nstep 0\n========= ERROR SUMMARY: 0 errors\n")
