@@ -89,8 +89,12 @@ write_reports() {
       && { echo; cat "$out/multi_gpu/comm/comm_summary.md"; } >>"$out/summary.md"
   fi
   if ls "$out"/moe/pytorch_moe_671b-ep32_*.json >/dev/null 2>&1; then  # replay's shard against PyTorch's
-    python3 scripts/report.py workloads --dir "$out/moe" --out "$out/moe" \
-      && { echo; cat "$out/moe/workloads_summary.md"; } >>"$out/summary.md"
+    mkdir -p "$out/moe/vs_pytorch"  # report.py workloads reads only <tool>_<workload>_<preset>_<mode>.json
+    for f in "$out"/moe/{replay,pytorch}_moe_671b-ep32_{none,layer,full}.json; do
+      [ -f "$f" ] && cp "$f" "$out/moe/vs_pytorch/"
+    done
+    python3 scripts/report.py workloads --dir "$out/moe/vs_pytorch" --out "$out/moe/vs_pytorch" \
+      && { echo; cat "$out/moe/vs_pytorch/workloads_summary.md"; } >>"$out/summary.md"
   fi
   local dir title
   for dir in unet moe rnnt multi_gpu; do

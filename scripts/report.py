@@ -1645,6 +1645,11 @@ def report_multi_gpu(directory, out_dir):
                  f">= {t['limit']:.2f}" if "bandwidth" in t["name"] else f"<= {t['limit']:.2f}")
         rows.append([t["name"], value, limit, t["status"], t["note"] or ""])
     lines = ["# Many GPUs: the targets", "", *table(["target", "value", "limit", "verdict", "note"], rows), ""]
+    if any("bus bandwidth" in t["name"] for t in targets):
+        lines += ["A step's collective is timed on one rank, from an event before it to one after, in the "
+                  "warm-up: its time includes waiting for the other ranks to arrive, which the probe's "
+                  "back-to-back calls do not; a collective on a side stream (overlapped) shares the GPU with "
+                  "the step's other work and is not judged.", ""]
     rep = {(lay, mode): d for (tool, lay, mode), d in runs.items() if tool == "replay"}
     facts = []
     one, dp = rep.get(("1gpu", "full")), {lay: d for (lay, mode), d in rep.items() if lay.startswith("dp") and mode == "full"}
