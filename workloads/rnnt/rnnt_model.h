@@ -127,7 +127,7 @@ struct RnntData {
   bool decode_own_handle = true;
   // Decode steps in one iteration of the WHILE node's body (the condition is tested after them;
   // steps after every utterance is done change nothing).
-  int while_unroll = 4;
+  int while_unroll = 8;
   std::shared_ptr<RnntEvalLog> eval_log;  // written by every evaluation; may be null
 };
 
