@@ -214,7 +214,8 @@ std::vector<std::vector<int>> Trainer::bucket_regions(const std::vector<graphs::
   std::vector<int> last(buckets.size(), -1);
   for (size_t i = 0; i < regions.size(); ++i) {
     if (!regions[i].args) continue;
-    for (const graphs::RegionArg& a : regions[i].args().list()) {
+    const graphs::RegionArgs args = regions[i].args();  // kept: list() refers into it
+    for (const graphs::RegionArg& a : args.list()) {
       const auto* p = static_cast<const char*>(a.view.data);
       if (a.access == graphs::Access::kRead || p < g || p >= g_end) continue;
       const int64_t lo = (p - g) / static_cast<int64_t>(sizeof(float)),
