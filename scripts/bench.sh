@@ -281,10 +281,12 @@ if want unet && [ -x "$bin/replay-unet" ]; then
     run "unet/replay_unet_sd2-b32_$mode" "$bin/replay-unet" --preset sd2-b32 --graphs "$mode" \
       --steps "$([ "$quick" = 1 ] && echo 10 || echo 30)" --seed 1234 --json "$out/unet/replay_unet_sd2-b32_$mode.json"
   done
-  for b in 1 8; do
+  # The batch sweep (32 is the runs above): where the whole-step graph starts to pay, with the host's
+  # enqueue time beside the GPU's step time in each JSON.
+  for b in 1 2 8 64; do
     for mode in none full; do
-      run "unet/replay_unet_b${b}_$mode" "$bin/replay-unet" --preset sd2-b32 --batch "$b" --graphs "$mode" \
-        --steps 10 --seed 1234 --json "$out/unet/replay_unet_b${b}_$mode.json"
+      run "unet/replay_unet_b${b}_$mode" "$bin/replay-unet" --preset "$([ "$b" = 64 ] && echo sd2-b64 || echo sd2-b32)" \
+        --batch "$b" --graphs "$mode" --steps 10 --seed 1234 --json "$out/unet/replay_unet_b${b}_$mode.json"
     done
   done
   if [ "$have_torch" = 1 ]; then
