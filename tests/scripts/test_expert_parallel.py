@@ -32,9 +32,11 @@ differences are written there as JSON."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+import gpu_checks
+from gpu_checks import check, gpu_count, load, skip
 
 STEPS = 20
 FIRST_STEP_TOLERANCE = 5e-3
@@ -44,42 +46,8 @@ CLOSE_STEPS = 10
 TAIL_RELATIVE = 0.05
 
 
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
-def gpu_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True).stdout
-    except OSError:
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
 def run(cmd, timeout=300):
-    print("+ " + " ".join(cmd), flush=True)
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print("\n".join(out.splitlines()[-20:]), flush=True)
-        print(f"timed out after {timeout} s", flush=True)
-        return 124, out
-    print("\n".join(p.stdout.splitlines()[-20:]), flush=True)
-    return p.returncode, p.stdout
-
-
-def check(cond, message, failures):
-    print(("ok   " if cond else "FAIL ") + message, flush=True)
-    if not cond:
-        failures.append(message)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+    return gpu_checks.run(cmd, timeout, tail=20)
 
 
 MODES = (("none", []), ("layer", []), ("scoped", ["--graph-scope", "attn,moe_router,moe_preprocess"]),

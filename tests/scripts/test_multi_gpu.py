@@ -49,53 +49,16 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
+
+from gpu_checks import check, gpu_count, load, run, skip
 
 STEPS = 20
 FIRST_STEP_TOLERANCE = 1e-5
 LOSS_TOLERANCE = 0.02
 TP_FIRST_STEP_TOLERANCE = 5e-3
-
-
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
-def gpu_count():
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True).stdout
-    except OSError:
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def run(cmd, timeout=None):
-    print("+ " + " ".join(cmd), flush=True)
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print("\n".join(out.splitlines()[-12:]), flush=True)
-        print(f"timed out after {timeout} s", flush=True)
-        return 124, out
-    print("\n".join(p.stdout.splitlines()[-12:]), flush=True)
-    return p.returncode, p.stdout
-
-
-def check(cond, message, failures):
-    print(("ok   " if cond else "FAIL ") + message, flush=True)
-    if not cond:
-        failures.append(message)
-
-
-def load(path):
-    with open(path) as f:
-        return json.load(f)
 
 
 def three_modes(workload, layout, launch, tmp, failures):

@@ -16,9 +16,11 @@ REPLAY_BIN_DIR names the build's binaries (CTest sets it)."""
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+import gpu_checks
+from gpu_checks import check, skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "scripts")
@@ -27,23 +29,8 @@ WINDOW_TOLERANCE = 0.05  # nats between the two tools' window means
 FLOOR_MARGIN = 0.5       # the last window's mean within this of the floor, for both
 
 
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
-def run(cmd, what):
-    print("+ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail = "\n".join(p.stdout.splitlines()[-25:])
-    print(tail, flush=True)
-    return p.returncode, p.stdout
-
-
-def check(cond, message, failures):
-    print(("ok   " if cond else "FAIL ") + message, flush=True)
-    if not cond:
-        failures.append(message)
+def run(cmd):
+    return gpu_checks.run(cmd, tail=25)
 
 
 def windows(losses):
@@ -55,8 +42,7 @@ def crosscheck(workload, bin_dir, tmp, failures):
     common = ["--preset", "tiny", "--graphs", "full", "--dropout", "0", "--data-order", "sequential",
               "--log-interval", "50"]
     ckpt_dir = os.path.join(tmp, workload)
-    rc, out = run([binary, *common, "--seed", "11", "--steps", str(STEPS_BEFORE), "--save", ckpt_dir],
-                  "train and save")
+    rc, out = run([binary, *common, "--seed", "11", "--steps", str(STEPS_BEFORE), "--save", ckpt_dir])
     check(rc == 0, f"{workload}: {STEPS_BEFORE} steps and a checkpoint", failures)
     if rc != 0:
         return
@@ -64,21 +50,20 @@ def crosscheck(workload, bin_dir, tmp, failures):
     ckpt = os.path.join(ckpt_dir, f"step-{STEPS_BEFORE:08d}.safetensors")
 
     step = os.path.join(tmp, f"{workload}-step.safetensors")
-    rc, _ = run([binary, *common, "--steps", "1", "--load", ckpt, "--dump-step", step], "one step")
+    rc, _ = run([binary, *common, "--steps", "1", "--load", ckpt, "--dump-step", step])
     check(rc == 0, f"{workload}: one step from the checkpoint, dumped", failures)
     grad_json = os.path.join(tmp, f"{workload}-gradcheck.json")
     rc, _ = run([sys.executable, os.path.join(SCRIPTS, "pytorch_baseline.py"), "gradcheck", workload,
-                 "--checkpoint", ckpt, "--step", step, "--json", grad_json], "gradcheck")
+                 "--checkpoint", ckpt, "--step", step, "--json", grad_json])
     check(rc == 0, f"{workload}: loss and every gradient agree with PyTorch's (gradcheck)", failures)
 
     replay_json = os.path.join(tmp, f"{workload}-replay.json")
-    rc, _ = run([binary, *common, "--steps", str(STEPS_AFTER), "--load", ckpt, "--json", replay_json],
-                "replay trains")
+    rc, _ = run([binary, *common, "--steps", str(STEPS_AFTER), "--load", ckpt, "--json", replay_json])
     check(rc == 0, f"{workload}: replay trains {STEPS_AFTER} steps from the checkpoint", failures)
     torch_json = os.path.join(tmp, f"{workload}-torch.json")
     rc2, _ = run([sys.executable, os.path.join(SCRIPTS, "pytorch_baseline.py"), workload, "--load", ckpt,
                   "--data", data, "--steps", str(STEPS_AFTER), "--warmup", "0", "--graphs", "none",
-                  "--json", torch_json], "torch trains")
+                  "--json", torch_json])
     check(rc2 == 0, f"{workload}: PyTorch trains {STEPS_AFTER} steps from the checkpoint", failures)
     if rc or rc2:
         return
