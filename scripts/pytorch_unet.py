@@ -402,7 +402,10 @@ def main(argv=None):
         print("# " + graph_note + f"; capture {capture_ms:.0f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool": "pytorch_unet", "model": name, "model_version": version,
+            # replay-unet's preset of the same shape, so that report.py's tables name it.
+            preset = {32: "sd2-b32", 64: "sd2-b64"}.get(B) if H == 64 else None
+            json.dump({"tool": "pytorch_unet", "workload": "unet", **({"preset": preset} if preset else {}),
+                       "model": name, "model_version": version,
                        "torch": torch.__version__,
                        "gpu": torch.cuda.get_device_name(), "batch": B, "graphs": args.graphs,
                        "parameters": params, "groups": args.groups, "steps": args.steps,
