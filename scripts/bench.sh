@@ -289,10 +289,16 @@ if want unet && [ -x "$bin/replay-unet" ]; then
         --batch "$b" --graphs "$mode" --steps 10 --seed 1234 --json "$out/unet/replay_unet_b${b}_$mode.json"
     done
   done
+  # Where an eager step's time goes, by op class (convolutions, GroupNorm, LayerNorm, attention, ...),
+  # with each class's achieved rate and the slowest nodes.
+  run "unet/replay_unet_sd2-b32_op_times" "$bin/replay-unet" --preset sd2-b32 --graphs none --steps 6 \
+    --warmup 2 --seed 1234 --op-times "$out/unet/op_times_sd2-b32.json"
   if [ "$have_torch" = 1 ]; then
+    # diffusers' UNet2DConditionModel (staged in .deps/python by setup.sh --bundle): a run without it
+    # fails and says so rather than timing another model.
     for mode in none full; do
-      PYTHONUNBUFFERED=1 run "unet/pytorch_unet_sd2-b32_$mode" python3 scripts/pytorch_unet.py --batch 32 \
-        --graphs "$mode" --steps 10 --json "$out/unet/pytorch_unet_sd2-b32_$mode.json"
+      PYTHONUNBUFFERED=1 run "unet/pytorch_unet_sd2-b32_$mode" python3 scripts/pytorch_baseline.py unet \
+        --model diffusers --batch 32 --graphs "$mode" --steps 10 --json "$out/unet/pytorch_unet_sd2-b32_$mode.json"
     done
   fi
 fi
