@@ -6,7 +6,7 @@
 #                       [--workloads "gpt3 llama31 moe unet rnnt"] [--modes "none layer full"]
 #                       [--steps N] [--warmup N] [--jobs N] [--timeout S] [--deadline S]
 #                       [--scope replay|all] [--sanitizer PATH] [--sanitizer-args "ARGS"]
-#                       [--tests "test_pointwise_gpu ..."] [--tests-dir DIR]
+#                       [--tests "test_pointwise_gpu test_x_gpu:FILTER ..."] [--tests-dir DIR]
 #
 # Each run is `compute-sanitizer --tool T [--leak-check full] --kernel-name kns=6replay
 # replay-W --preset tiny --graphs M --steps 2 --warmup 1 --seed 1 --skip-peak`: memcheck checks leaks
@@ -21,7 +21,8 @@
 # runs of their own, mode "test", under each tool with the same filter: the hand-written kernels
 # checked alone against their CPU references, without the libraries around them (where a tool
 # cannot get through a workload's library kernels, racecheck on Hopper for one). `--workloads ""`
-# runs only the tests.
+# runs only the tests. NAME:FILTER runs the binary with --gtest_filter=FILTER (a tool that is slow
+# on a test's largest cases can check its small ones); its logs are named with the filter.
 #
 # Writes DIR/<tool>_<workload>_<mode>.log (compute-sanitizer's report and the program's output) and
 # .meta (exit code, seconds), DIR/not_run.txt (runs --deadline left out), and DIR/summary.json and
@@ -74,6 +75,12 @@ done
 # is a unit test's binary).
 if [ "${SANITIZE_ONE:-}" = 1 ]; then
   tool=$1 wl=$2 mode=$3 index=$4  # INDEX: the run's own number, for its port
+  test_cmd=()
+  if [ "$mode" = test ]; then  # NAME or NAME:FILTER; the run is named without the filter's symbols
+    test_cmd=("$SANITIZE_TESTS_DIR/${wl%%:*}")
+    [ "$wl" != "${wl%%:*}" ] && test_cmd+=("--gtest_filter=${wl#*:}")
+    wl=$(printf '%s' "$wl" | tr -c 'A-Za-z0-9_.-' '-')
+  fi
   base="$SANITIZE_OUT/${tool}_${wl}_${mode}"
   if [ "$SANITIZE_END" -gt 0 ] && [ "$(date +%s)" -ge "$SANITIZE_END" ]; then
     echo "$tool $wl $mode (the deadline passed before it started)" >> "$SANITIZE_OUT/not_run.txt"
@@ -92,7 +99,7 @@ if [ "${SANITIZE_ONE:-}" = 1 ]; then
   fi
   t0=$(date +%s%N)
   if [ "$mode" = test ]; then
-    cmd=("$SANITIZE_TESTS_DIR/$wl")
+    cmd=("${test_cmd[@]}")
   else
     cmd=("$SANITIZE_BIN/replay-$wl" --preset tiny --graphs "$mode" --steps "$SANITIZE_STEPS"
          --warmup "$SANITIZE_WARMUP" --seed 1 --skip-peak --log-interval 1)
@@ -131,7 +138,8 @@ for w in $workloads; do
 done
 [ -n "$tests_dir" ] || tests_dir=$bin/../tests
 for t in $tests; do
-  [ -x "$tests_dir/$t" ] || { echo "sanitize.sh: test $tests_dir/$t not found (build it, or --tests-dir)" >&2; exit 2; }
+  [ -x "$tests_dir/${t%%:*}" ] ||
+    { echo "sanitize.sh: test $tests_dir/${t%%:*} not found (build it, or --tests-dir)" >&2; exit 2; }
 done
 [ -n "$workloads$tests" ] || { echo "sanitize.sh: nothing to run (--workloads and --tests both empty)" >&2; exit 2; }
 [ -n "$out" ] || out=reports/sanitize-$(date -u +%Y-%m-%d)

@@ -170,7 +170,7 @@ class ScriptTest(unittest.TestCase):
         if tests:
             testdir = os.path.join(tmp, "tests")  # the default: the build's tests/ beside bin/
             os.makedirs(testdir, exist_ok=True)
-            for name in tests.split():
+            for name in (t.split(":")[0] for t in tests.split()):
                 path = os.path.join(testdir, name)
                 with open(path, "w") as f:
                     f.write(f'#!/usr/bin/env bash\necho "[  PASSED  ] {name} $*"\nexit 0\n')
@@ -231,6 +231,14 @@ class ScriptTest(unittest.TestCase):
                 with open(os.path.join(out, r["log"])) as f:
                     ports.add(f.read().split("--port ")[1].split()[0])
             self.assertEqual(len(ports), 4)  # each run its own port
+        with tempfile.TemporaryDirectory() as tmp:  # NAME:FILTER: the binary with --gtest_filter
+            p, out, s = self.run_script(tmp, tools="racecheck", workloads="",
+                                        tests="test_group_norm_gpu:GroupNorm*Small*")
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual([(r["workload"], r["mode"]) for r in s["runs"]],
+                             [("test_group_norm_gpu-GroupNorm-Small-", "test")])
+            with open(os.path.join(out, "racecheck_test_group_norm_gpu-GroupNorm-Small-_test.log")) as f:
+                self.assertIn("[  PASSED  ] test_group_norm_gpu --gtest_filter=GroupNorm*Small*", f.read())
         with tempfile.TemporaryDirectory() as tmp:
             p = subprocess.run(["bash", os.path.join(ROOT, "scripts", "sanitize.sh"), "--bin", tmp,
                                 "--sanitizer", "/bin/true", "--workloads", "", "--tests", "test_missing_gpu"],
