@@ -49,6 +49,7 @@
 #include "common/device_utils.cuh"
 #include "common/kernels/column_sums.cuh"
 #include "common/kernels/dependent_launch.cuh"
+#include "workloads/unet/half_pairs.cuh"
 #include "workloads/unet/conv.h"
 
 namespace replay::unet {
@@ -75,31 +76,6 @@ struct alignas(4 * kWords) Words {
   uint32_t w[kWords];
 };
 using Pack = Words<4>;
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t w);
-template <>
-__device__ __forceinline__ float2 to_float2<__half>(uint32_t w) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <>
-__device__ __forceinline__ float2 to_float2<bf16>(uint32_t w) {
-  // A bf16 is the upper half of an fp32: a shift and a mask.
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t to_word(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t to_word<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t to_word<bf16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 template <typename T, int kWords>
 __device__ __forceinline__ void to_floats(const Words<kWords>& v, float (&f)[2 * kWords]) {

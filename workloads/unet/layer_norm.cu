@@ -17,6 +17,7 @@
 #include "common/device_utils.cuh"
 #include "common/kernels/column_sums.cuh"
 #include "common/kernels/dependent_launch.cuh"
+#include "workloads/unet/half_pairs.cuh"
 
 namespace replay::unet {
 namespace {
@@ -33,30 +34,6 @@ constexpr int kMaxPacks = kLayerNormMaxChannels / kPack / 32;
 constexpr int kMinRowsPerWarp = 4;
 constexpr int kMaxBackwardBlocks = 528;
 static_assert(kMaxPacks == 6, "limits disagree");
-
-template <typename T>
-__device__ __forceinline__ float2 to_float2(uint32_t w);
-template <>
-__device__ __forceinline__ float2 to_float2<__half>(uint32_t w) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <>
-__device__ __forceinline__ float2 to_float2<bf16>(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t to_word(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t to_word<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t to_word<bf16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 template <typename T>
 __device__ __forceinline__ void to_floats(const uint4& v, float (&f)[kPack]) {
