@@ -181,4 +181,26 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+uint16_t to_bits(float v, DType t) {
+  return t == DType::kFP16 ? __half_as_ushort(__float2half_rn(v))
+                           : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+float from_bits(uint16_t b, DType t) {
+  return t == DType::kFP16 ? __half2float(__ushort_as_half(b))
+                           : __bfloat162float(__ushort_as_bfloat16(b));
+}
+
+std::vector<uint16_t> to_storage(const std::vector<float>& v, DType t) {
+  std::vector<uint16_t> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = to_bits(v[i], t);
+  return r;
+}
+
+std::vector<float> from_storage(const std::vector<uint16_t>& v, DType t) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_bits(v[i], t);
+  return r;
+}
+
 }  // namespace replay::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>  // the typed cudaMalloc DeviceBuffer uses
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "common/tensor.h"  // DType
 
 namespace replay::test {
 
@@ -43,6 +46,12 @@ std::vector<float> random_normal(size_t n, uint64_t seed, float mean = 0.0f, flo
 std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x);
 std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& x);
 std::vector<float> round_bf16(const std::vector<float>& x);
+// The same for a 16-bit storage type named at run time (fp16 or bf16), as raw bits: the tests of
+// ops that take either.
+uint16_t to_bits(float v, DType t);
+float from_bits(uint16_t b, DType t);
+std::vector<uint16_t> to_storage(const std::vector<float>& v, DType t);
+std::vector<float> from_storage(const std::vector<uint16_t>& v, DType t);
 std::vector<double> to_double(const std::vector<float>& x);
 
 // Finite differences for the fp64 CPU references: d loss / d v by central differences, perturbing
