@@ -303,9 +303,12 @@ __global__ void any_active_kernel(int32_t* flag, const int32_t* active, int64_t 
 template <typename T>
 __global__ void decode_init_kernel(DecodeState st, T* h, T* c, const int32_t* frame_lengths,
                                    DecodeShape s) {
-  const int64_t n = s.layers * s.batch * s.hidden;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+  const int64_t n = s.layers * s.batch * s.hidden, symbols = s.batch * s.max_symbols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < max(n, symbols);
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    // The hypotheses' unused tails hold -1, so decode_store copies defined words only.
+    if (i < symbols) st.tokens[i] = -1;
+    if (i >= n) continue;
     h[i] = from_f<T>(0.0f);
     c[i] = from_f<T>(0.0f);
     if (i < s.batch) {
@@ -429,7 +432,8 @@ __global__ void increment_kernel(int32_t* counter) {
 
 void decode_init(const DecodeState& st, void* h, void* c, DType type, const int32_t* frame_lengths,
                  const DecodeShape& shape, cudaStream_t stream) {
-  const int64_t n = std::max(shape.layers * shape.batch * shape.hidden, shape.batch);
+  const int64_t n = std::max(
+      {shape.layers * shape.batch * shape.hidden, shape.batch, shape.batch * shape.max_symbols});
   REPLAY_REQUIRE(shape.layers * shape.hidden >= 1, "decode_init: empty LSTM state");
   dispatch16(type, "decode_init", [&](auto tag) {
     using T = decltype(tag);

@@ -92,6 +92,8 @@ TEST(Lamb, ThreeStepsMatchTheFp64ReferenceAndRerunsAreBitwise) {
   REPLAY_CUDA_CHECK(cudaMemset(dm, 0, fb));
   REPLAY_CUDA_CHECK(cudaMemset(dv, 0, fb));
   REPLAY_CUDA_CHECK(cudaMemset(dnoop, 0, sizeof(int32_t)));
+  // The model copies hold 2- or 4-byte words in 4-byte slots, padded: the downloads read it all.
+  REPLAY_CUDA_CHECK(cudaMemset(dmodel, 0, fb));
   AdamWTableBuilder b;
   for (size_t k = 0; k < sizes.size(); ++k) {
     void* model = static_cast<char*>(dmodel) + off[k] * 4;  // 4 bytes a slot whatever the type
@@ -169,6 +171,8 @@ TEST(Lamb, ThreeStepsMatchTheFp64ReferenceAndRerunsAreBitwise) {
 
   // A rerun from the same state gives the same bits.
   REPLAY_CUDA_CHECK(cudaMemset(dnoop, 0, sizeof(int32_t)));
+  // The model copies hold 2- or 4-byte words in 4-byte slots, padded: the downloads read it all.
+  REPLAY_CUDA_CHECK(cudaMemset(dmodel, 0, fb));
   std::vector<float> m0(static_cast<size_t>(end)), v0(static_cast<size_t>(end));
   REPLAY_CUDA_CHECK(cudaMemcpy(m0.data(), dm, fb, cudaMemcpyDeviceToHost));
   REPLAY_CUDA_CHECK(cudaMemcpy(v0.data(), dv, fb, cudaMemcpyDeviceToHost));

@@ -50,6 +50,9 @@ struct Dev {
   size_t n = 0;
   explicit Dev(size_t count) : n(count) {
     REPLAY_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+    // Poisoned, so that a word a kernel should write and does not fails the value checks (and
+    // compute-sanitizer's initcheck sees no reads of never-written memory in the downloads).
+    REPLAY_CUDA_CHECK(cudaMemset(p, 0xA5, std::max<size_t>(1, n) * sizeof(T)));
   }
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
   ~Dev() { cudaFree(p); }
@@ -245,6 +248,7 @@ TEST_P(RnntKernels, DecodeStepMatchesTheCpuRules) {
   }
   EXPECT_EQ(hi[5 * B], 1);
   for (uint16_t x : h.down()) ASSERT_EQ(float16(x, t), 0.0f);
+  for (int32_t k : tokens.down()) ASSERT_EQ(k, -1);  // the hypotheses start empty
 
   // The embedding row of each label, and the joint at each utterance's frame: bitwise.
   const std::vector<uint16_t> table = random16(static_cast<size_t>(V * H), t, 11);
