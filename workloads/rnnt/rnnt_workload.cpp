@@ -35,8 +35,8 @@ nlohmann::ordered_json padding_json(const PaddingStats& p) {
 RnntWorkload::RnntWorkload()
     : info_{"replay-rnnt", "rnnt", "RNN-T", "tiny", "utterances", "utt", "rnnt"},
       presets_{{"tiny",
-                "RNN-T's layout at small widths (encoder 2+3 LSTM layers of 128, prediction 2 of "
-                "64, joint 64, 31 labels), batch 16, utterances of 16 to 96 frames",
+                "RNN-T at small widths (encoder 1+1 LSTM layers of 128 around the time stacking, "
+                "prediction 2 of 64, joint 64, 31 labels), batch 16, utterances of 16 to 96 frames",
                 12},
                {"mlperf-b192",
                 "MLPerf's RNN-T (encoder 2+3 LSTM layers of 1024, prediction 2 of 512, joint 512, "
@@ -91,6 +91,11 @@ void RnntWorkload::resolve(const train::RunFlags& flags) {
   shape_ = RnntShape{};
   dataset_ = SpeechDatasetParams{};
   if (preset_ == "tiny") {
+    // One encoder layer on each side of the time stacking, not MLPerf's 2 + 3: at width 128 the
+    // five-layer stack stays on the blank plateau (held-out WER >= 0.96 after 1,500 steps in
+    // replay and in PyTorch on the same data), while 1 + 1 learns the synthetic speech in a few
+    // hundred steps (workloads/rnnt/README.md, "Learning").
+    shape_.enc_pre_layers = 1, shape_.enc_post_layers = 1;
     shape_.enc_hidden = 128, shape_.pred_hidden = 64, shape_.joint_hidden = 64;
     shape_.vocab = 32, shape_.batch = 16;
     dataset_.num_utterances = 512, dataset_.num_eval = 64, dataset_.vocab_size = 31;
