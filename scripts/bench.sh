@@ -359,7 +359,8 @@ fi
 # to 4), with and without sequence parallelism, beside the same shard on one GPU with its collectives
 # not run (the cost of communication) and PyTorch with the same Megatron split; data parallelism over
 # 2 GPUs (the distributed optimizer, its gradient buckets overlapped with the backward, and with one
-# bucket after it) beside its one-GPU shard; NCCL's bus bandwidth at the step's message sizes.
+# bucket after it) beside its one-GPU shard; NCCL's bus bandwidth at the step's message sizes. With
+# eight GPUs, also the TP8 layouts of NVIDIA's submissions (GPT-3 and Llama 3.1, sequence parallel).
 ngpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if want multi_gpu && [ "$ngpus" -ge 2 ] && command -v mpiexec >/dev/null 2>&1 && [ -x "$bin/replay-gpt3" ]; then
   mkdir -p "$out/multi_gpu"
@@ -417,6 +418,33 @@ print(",".join(str(b) for b in sorted(sizes)) or "48K,48M")' "$out/multi_gpu")
         scripts/pytorch_baseline.py tp --replay-bin "$bin" --tp "$tp" --preset 175b-tp4 --layers "$mg_layers" \
         --graphs "$mode" --steps "$mg_steps" --json "$out/multi_gpu/pytorch_gpt3_175b_tp${tp}_$mode.json"
     done
+  fi
+  # Eight GPUs: NVIDIA's submission layouts, GPT-3 175b-tp8 and Llama 3.1 405b-tp8 at TP8 with
+  # sequence parallelism (4 layers each), in the three modes, beside each preset's one-GPU shard and
+  # PyTorch's TP8 GPT-3; report.py pairs them by name as it does the TP4 runs.
+  if [ "$ngpus" -ge 8 ]; then
+    t8=(--tp 8 --layers 4 --steps "$mg_steps" --seed 1234)
+    for mode in none layer full; do
+      run "multi_gpu/replay_gpt3_175b_tp8sp_${mode}" mpiexec -n 8 "$bin/replay-gpt3" --preset 175b-tp8 \
+        --sequence-parallel "${t8[@]}" --graphs "$mode" --json "$out/multi_gpu/replay_gpt3_175b_tp8sp_$mode.json"
+      if [ -x "$bin/replay-llama31" ]; then
+        run "multi_gpu/replay_llama31_405b_tp8sp_${mode}" mpiexec -n 8 "$bin/replay-llama31" --preset 405b-tp8 \
+          --sequence-parallel "${t8[@]}" --graphs "$mode" --json "$out/multi_gpu/replay_llama31_405b_tp8sp_$mode.json"
+      fi
+    done
+    run "multi_gpu/replay_gpt3_175b_tp8shard_1gpu_full" "$bin/replay-gpt3" --preset 175b-tp8 "${t8[@]}" \
+      --graphs full --json "$out/multi_gpu/replay_gpt3_175b_tp8shard_1gpu_full.json"
+    if [ -x "$bin/replay-llama31" ]; then
+      run "multi_gpu/replay_llama31_405b_tp8shard_1gpu_full" "$bin/replay-llama31" --preset 405b-tp8 "${t8[@]}" \
+        --graphs full --json "$out/multi_gpu/replay_llama31_405b_tp8shard_1gpu_full.json"
+    fi
+    if [ "$have_torch" = 1 ]; then
+      for mode in none full; do
+        PYTHONUNBUFFERED=1 run "multi_gpu/pytorch_gpt3_175b_tp8_$mode" mpiexec -n 8 python3 \
+          scripts/pytorch_baseline.py tp --replay-bin "$bin" --tp 8 --preset 175b-tp8 --layers 4 \
+          --graphs "$mode" --steps "$mg_steps" --json "$out/multi_gpu/pytorch_gpt3_175b_tp8_$mode.json"
+      done
+    fi
   fi
 fi
 
