@@ -23,6 +23,9 @@
 # cannot get through a workload's library kernels, racecheck on Hopper for one). `--workloads ""`
 # runs only the tests. NAME:FILTER runs the binary with --gtest_filter=FILTER (a tool that is slow
 # on a test's largest cases can check its small ones); its logs are named with the filter.
+# Several sanitizer processes at once (--jobs > 1) break memcheck on nested conditional nodes (an IF
+# inside a WHILE: an illegal address with no kernel named; compute-sanitizer's, lab/nested_conditional):
+# check test_conditional_gpu with --jobs 1.
 #
 # Writes DIR/<tool>_<workload>_<mode>.log (compute-sanitizer's report and the program's output) and
 # .meta (exit code, seconds), DIR/not_run.txt (runs --deadline left out), and DIR/summary.json and
