@@ -21,6 +21,7 @@ namespace replay {
 namespace {
 
 using test::DeviceBuffer;
+using test::same_bits;
 
 // --- host helpers --------------------------------------------------------------------------------
 
@@ -178,13 +179,6 @@ reference::AttentionShape shape_of(const AttentionDesc& d) {
   double largest = 0.0;
   for (double r : ref) largest = std::max(largest, std::fabs(r));
   return test::all_close(what, got, ref, {tol.atol * largest, tol.rtol});
-}
-
-template <typename T>
-::testing::AssertionResult same_bits(const std::string& what, const std::vector<T>& a,
-                                     const std::vector<T>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
-  return test::bit_equal(what, a.data(), b.data(), a.size() * sizeof(T));
 }
 
 std::string dtype_key(DType t) {

@@ -36,6 +36,13 @@ Tolerance tolerance(const std::string& key);
 // Bitwise equality of two float arrays (eager against graphed runs), naming the first difference.
 ::testing::AssertionResult bit_equal(const std::string& what, const void* a, const void* b,
                                      size_t bytes);
+// The same for two vectors, which must also have the same length.
+template <typename T>
+::testing::AssertionResult same_bits(const std::string& what, const std::vector<T>& a,
+                                     const std::vector<T>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  return bit_equal(what, a.data(), b.data(), a.size() * sizeof(T));
+}
 
 // Seeded inputs; never zeros.
 std::vector<float> random_uniform(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);

@@ -28,6 +28,7 @@ namespace replay::unet {
 namespace {
 
 using test::DeviceBuffer;
+using test::same_bits;
 using Vec = std::vector<double>;
 
 // Tolerances against the fp64 reference fed the same rounded inputs: atol is a fraction of the
@@ -56,13 +57,6 @@ std::vector<float> draw(size_t n, uint64_t seed, float stddev, DType t) {
   double largest = 0.0;
   for (double r : ref) largest = std::max(largest, std::fabs(r));
   return test::all_close(what, got, ref, {tl.atol * largest, tl.rtol});
-}
-
-template <typename T>
-::testing::AssertionResult same_bits(const std::string& what, const std::vector<T>& a,
-                                     const std::vector<T>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
-  return test::bit_equal(what, a.data(), b.data(), a.size() * sizeof(T));
 }
 
 ConvDesc make_desc(int64_t n, int64_t h, int64_t w, int64_t c, int64_t k, int64_t kernel,

@@ -27,30 +27,11 @@ namespace replay::unet {
 namespace {
 
 using test::DeviceBuffer;
+using test::from_bits;
+using test::from_storage;
+using test::same_bits;
+using test::to_bits;
 using Vec = std::vector<double>;
-
-// --- storage -------------------------------------------------------------------------------------
-
-uint16_t to_bits(float v, DType t) {
-  return t == DType::kFP16 ? __half_as_ushort(__float2half_rn(v))
-                           : __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-float from_bits(uint16_t b, DType t) {
-  return t == DType::kFP16 ? __half2float(__ushort_as_half(b))
-                           : __bfloat162float(__ushort_as_bfloat16(b));
-}
-std::vector<float> from_storage(const std::vector<uint16_t>& v, DType t) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = from_bits(v[i], t);
-  return r;
-}
-
-template <typename T>
-::testing::AssertionResult same_bits(const std::string& what, const std::vector<T>& a,
-                                     const std::vector<T>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
-  return test::bit_equal(what, a.data(), b.data(), a.size() * sizeof(T));
-}
 
 // One rounding to the storage type on top of fp32 math: 2^-11 relative for fp16, 2^-8 for bf16;
 // atol covers the fp32 error of values near zero (the normals carry about 1e-6 relative).

@@ -26,6 +26,7 @@ namespace replay::unet {
 namespace {
 
 using test::DeviceBuffer;
+using test::same_bits;
 using Vec = std::vector<double>;
 
 // Tolerances as test_group_norm_gpu's: one rounding to the storage type on top of fp32 math; dx's
@@ -57,13 +58,6 @@ std::vector<float> draw(size_t n, uint64_t seed, float mean, float stddev, DType
   double largest = 0.0;
   for (double r : ref) largest = std::max(largest, std::fabs(r));
   return test::all_close(what, got, ref, {scaled_atol ? tol.atol * largest : tol.atol, tol.rtol});
-}
-
-template <typename T>
-::testing::AssertionResult same_bits(const std::string& what, const std::vector<T>& a,
-                                     const std::vector<T>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
-  return test::bit_equal(what, a.data(), b.data(), a.size() * sizeof(T));
 }
 
 struct Problem {

@@ -23,6 +23,7 @@ namespace replay::unet {
 namespace {
 
 using test::DeviceBuffer;
+using test::same_bits;
 using Vec = std::vector<double>;
 
 using test::from_bits;
@@ -38,12 +39,6 @@ Vec draw(size_t n, uint64_t seed, float stddev, DType t, std::vector<uint16_t>* 
 
 test::Tolerance tol(DType t) {
   return t == DType::kFP16 ? test::Tolerance{1e-3, 2e-3} : test::Tolerance{4e-3, 8e-3};
-}
-
-::testing::AssertionResult same_bits(const std::string& what, const std::vector<uint16_t>& a,
-                                     const std::vector<uint16_t>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
-  return test::bit_equal(what, a.data(), b.data(), a.size() * sizeof(uint16_t));
 }
 
 // --- GEGLU ---------------------------------------------------------------------------------------
