@@ -17,6 +17,7 @@
 
 #include "common/check.h"
 #include "tests/support/compare.h"
+#include "tests/workloads/unet/norm_timing.cuh"
 #include "workloads/unet/conv.h"
 #include "workloads/unet/group_norm.h"
 #include "workloads/unet/unet_reference.h"
@@ -26,6 +27,8 @@ namespace {
 
 using test::DeviceBuffer;
 using test::same_bits;
+using timing::fill;
+using timing::time_ms;
 using Vec = std::vector<double>;
 
 // Tolerances against the fp64 reference fed the same rounded inputs (atol, rtol). Outputs carry
@@ -315,44 +318,6 @@ TEST(ConvBiasGpu, GradientAndAddMatchReference) {
 }
 
 // --- timing (printed, not asserted) --------------------------------------------------------------
-
-// Fills n 16-bit values with uniform [-2, 2) + offset, from a counter hash: no host round trip for
-// tensors of hundreds of MB.
-__global__ void fill_kernel(uint16_t* p, int64_t n, uint64_t seed, float offset, bool fp16) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t h = (static_cast<uint64_t>(i) + seed) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 31;
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 29;
-    const float v = offset + 4.0f * (static_cast<float>(h >> 40) * (1.0f / 16777216.0f) - 0.5f);
-    p[i] =
-        fp16 ? __half_as_ushort(__float2half_rn(v)) : __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-}
-
-void fill(DeviceBuffer<uint16_t>& b, uint64_t seed, float offset, DType t) {
-  fill_kernel<<<1024, 256>>>(b.get(), static_cast<int64_t>(b.size()), seed, offset,
-                             t == DType::kFP16);
-  REPLAY_LAUNCH_CHECK();
-}
-
-template <typename F>
-float time_ms(F&& body, int iterations) {
-  cudaEvent_t start, stop;
-  REPLAY_CUDA_CHECK(cudaEventCreate(&start));
-  REPLAY_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) body();
-  REPLAY_CUDA_CHECK(cudaEventRecord(start, nullptr));
-  for (int i = 0; i < iterations; ++i) body();
-  REPLAY_CUDA_CHECK(cudaEventRecord(stop, nullptr));
-  REPLAY_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  REPLAY_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  REPLAY_CUDA_CHECK(cudaEventDestroy(start));
-  REPLAY_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iterations;
-}
 
 // The UNet's largest GroupNorms at 32 images per GPU. "Compulsory" bytes are what any GroupNorm
 // must move: the forward reads x and writes out, the backward reads x and dout and writes dx; the
