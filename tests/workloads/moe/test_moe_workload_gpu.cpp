@@ -318,6 +318,15 @@ TEST(MoePipelineStage, EveryExpertLocalIsBitIdentical) {
 // random (bf16), the model's own input and next-stage gradient; the regions run eagerly in order.
 // The reference runs in fp64 on the same bf16 values; the GPU keeps bf16 activations (and cuDNN's
 // attention), so each tensor is compared by its relative L2 error.
+// The id of block 0's parameter `name` (without its "layer0." prefix); a failure when there is
+// none.
+train::ParamId layer0_param(const train::ParamStore& ps, const std::string& name) {
+  for (train::ParamId id = 0; id < ps.count(); ++id)
+    if (ps.spec(id).name == "layer0." + name) return id;
+  ADD_FAILURE() << "no parameter layer0." << name;
+  return train::ParamId{0};
+}
+
 double rel_l2(const std::vector<double>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -370,18 +379,12 @@ void check_mla_against_reference(const YarnScaling& yarn) {
                          "attn.q_b.weight",    "attn.kv_a.weight", "attn.kv_a_norm.weight",
                          "attn.k_rope.weight", "attn.kv_b.weight", "attn.o.weight"};
   train::ParamStore& ps = model.params();
-  auto find = [&](const std::string& name) {
-    for (train::ParamId id = 0; id < ps.count(); ++id)
-      if (ps.spec(id).name == "layer0." + name) return id;
-    ADD_FAILURE() << "no parameter layer0." << name;
-    return train::ParamId{0};
-  };
   std::mt19937 gen(2024);
   std::normal_distribution<double> normal(0.0, 1.0);
   const std::vector<std::vector<double>*> ws = w.all();
   std::vector<train::ParamId> ids;
   for (size_t i = 0; i < ws.size(); ++i) {
-    const train::ParamId id = find(names[i]);
+    const train::ParamId id = layer0_param(ps, names[i]);
     ids.push_back(id);
     std::vector<double>& t = *ws[i];
     ASSERT_EQ(static_cast<int64_t>(t.size()), ps.numel(id)) << names[i];
@@ -396,7 +399,7 @@ void check_mla_against_reference(const YarnScaling& yarn) {
     ASSERT_EQ(cudaMemcpy(ps.weight(id), h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice),
               cudaSuccess);
   }
-  const train::ParamId down = find("mlp.down.weight");
+  const train::ParamId down = layer0_param(ps, "mlp.down.weight");
   ASSERT_EQ(cudaMemset(ps.weight(down), 0, static_cast<size_t>(ps.numel(down)) * sizeof(bf16)),
             cudaSuccess);
   const int64_t n = s.tokens() * s.hidden;
@@ -489,12 +492,6 @@ TEST(MoeLayer, BlockMatchesTheReference) {
   const int64_t M = s.tokens(), C = s.hidden, F = s.expert_ffn, S = s.shared_ffn;
   const int L = s.local_experts, E = s.experts;
   train::ParamStore& ps = model.params();
-  auto find = [&](const std::string& name) {
-    for (train::ParamId id = 0; id < ps.count(); ++id)
-      if (ps.spec(id).name == "layer0." + name) return id;
-    ADD_FAILURE() << "no parameter layer0." << name;
-    return train::ParamId{0};
-  };
   std::mt19937 gen(77);
   std::normal_distribution<double> normal(0.0, 1.0);
   // Host values, rounded to bf16, written to the device; `stddev` 0 writes zeros.
@@ -509,7 +506,7 @@ TEST(MoeLayer, BlockMatchesTheReference) {
     return v;
   };
   auto param = [&](const std::string& name, double mean, double stddev) {
-    const train::ParamId id = find(name);
+    const train::ParamId id = layer0_param(ps, name);
     return put(ps.weight(id), static_cast<size_t>(ps.numel(id)), mean, stddev);
   };
   param("attn.o.weight", 0.0, 0.0);  // the attention adds nothing: x_mid = x
@@ -597,7 +594,7 @@ TEST(MoeLayer, BlockMatchesTheReference) {
   EXPECT_LT(rel_l2(moe, want_moe), 3e-2) << "output - x";
   EXPECT_LT(rel_l2(dx, want_dx), 3e-2) << "input gradient";
   auto grad = [&](const std::string& name) {
-    const train::ParamId id = find(name);
+    const train::ParamId id = layer0_param(ps, name);
     return read_f32(ps.grad(id), ps.numel(id));
   };
   EXPECT_LT(rel_l2(grad("ffn_norm.weight"), dg2), 3e-2) << "ffn_norm gradient";
